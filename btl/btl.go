@@ -1,0 +1,386 @@
+// Package btl defines the byte transfer layer: what every transport (self,
+// sm, tcp, verbs) offers to the point-to-point messaging layer (pml).
+//
+// A transport is a Component. At start-up the job opens every enabled
+// component with an Env; a component returns zero or more Modules (a NIC, a
+// shared-memory segment). For each peer rank the PML asks the modules for an
+// Endpoint and keeps those of the highest exclusivity. Modules describe
+// themselves as data (Caps, Limits, Exclusivity, Latency, Bandwidth); the PML
+// chooses protocols from that data alone.
+//
+// Calls go down as methods; data comes up through one Dispatcher per process
+// instance: a module hands every inbound fragment to the handler registered
+// for its tag, and reports a dead peer through Dispatcher.PeerFailed. No other
+// callbacks cross the layer, except the completion callbacks of Send, Put and
+// Get.
+package btl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/internal/params"
+)
+
+// Tag selects the handler of an inbound fragment. The PML uses 0x40-0x5f;
+// the tensor rendezvous 0x60-0x6f; transports may use 0x10-0x3f privately.
+type Tag uint8
+
+// Caps is a module's capability bitfield.
+type Caps uint32
+
+const (
+	CapSend          Caps = 1 << iota // tagged active messages (Send, Alloc/SendAlloc)
+	CapSendImmediate                  // SendImmediate may succeed
+	CapSendInPlace                    // Send transmits from the caller's data slice without copying it first
+	CapPut                            // RDMA write into registered remote memory
+	CapGet                            // RDMA read from registered remote memory
+)
+
+// CapRDMA is Put and Get.
+const CapRDMA = CapPut | CapGet
+
+var capNames = []struct {
+	c    Caps
+	name string
+}{{CapSend, "send"}, {CapSendImmediate, "sendi"}, {CapSendInPlace, "inplace"}, {CapPut, "put"}, {CapGet, "get"}}
+
+func (c Caps) String() string {
+	var parts []string
+	for _, n := range capNames {
+		if c&n.c != 0 {
+			parts = append(parts, n.name)
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// ParseCaps parses a comma list of send, sendi, inplace, put, get.
+func ParseCaps(s string) (Caps, error) {
+	var c Caps
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		found := false
+		for _, n := range capNames {
+			if n.name == f {
+				c |= n.c
+				found = true
+			}
+		}
+		if !found {
+			return 0, mpierr.Errorf(mpierr.ErrArg, "unknown transport flag %q (want send, sendi, inplace, put, get)", f)
+		}
+	}
+	return c, nil
+}
+
+// Limits are a module's protocol thresholds, in bytes (see Open MPI's btl.h).
+type Limits struct {
+	EagerLimit             int // largest fragment (header included) sent eagerly
+	RndvEagerLimit         int // largest payload carried by the first fragment of a rendezvous
+	MaxSendSize            int // largest fragment (header included) of a send pipeline
+	RDMAPipelineFragSize   int // largest RDMA operation of the RDMA pipeline
+	RDMAPipelineSendLength int // bytes at the end of an RDMA-pipelined message that go by send
+	MinRDMAPipelineSize    int // messages up to this size may use RDMA without leave-pinned
+	MaxRDMASize            int // largest single Put/Get (0: unlimited)
+}
+
+// Exclusivity levels: the reachable module with the highest wins a peer.
+const (
+	ExclusivityLow     = 0
+	ExclusivityDefault = 1024
+	ExclusivityHigh    = 65536
+)
+
+// Access flags for memory registration.
+type Access uint8
+
+const (
+	AccessLocalWrite  Access = 1 << iota // the module may write into the memory locally (Get destination)
+	AccessRemoteRead                     // peers may Get from it
+	AccessRemoteWrite                    // peers may Put into it
+)
+
+// Registration is memory made reachable by peers.
+type Registration interface {
+	// Handle returns the bytes a peer passes to Endpoint.Put/Get to reach
+	// this memory. The slice is owned by the registration; copy it.
+	Handle() []byte
+	// Release ends the registration. Peers must not use the handle after.
+	Release() error
+}
+
+// Completion is called exactly once when an asynchronous operation that
+// did not complete at once finishes: err is nil on success. It may run on any
+// goroutine, but never while the module holds a lock that the caller of the
+// operation could need.
+type Completion func(err error)
+
+// Errors every module returns in the documented places.
+var (
+	// ErrWouldBlock: SendImmediate or Alloc could not get resources now.
+	ErrWouldBlock = errors.New("btl: would block")
+	// ErrUnreachable: the module cannot reach that peer.
+	ErrUnreachable = errors.New("btl: peer unreachable")
+	// ErrClosed: the module or endpoint is closed.
+	ErrClosed = errors.New("btl: closed")
+	// ErrBadHandle: a remote registration handle that does not decode or
+	// does not cover the requested range.
+	ErrBadHandle = errors.New("btl: bad registration handle")
+)
+
+// Module is one instance of a transport.
+type Module interface {
+	Name() string // component name: self, sm, tcp, verbs
+	Caps() Caps   // effective capabilities (after btl_<name>_flags)
+	Limits() Limits
+	Exclusivity() int
+	Latency() int   // microseconds, for ranking
+	Bandwidth() int // Mb/s, for ranking and striping
+
+	// AddProc returns an endpoint for world rank peer, or an error wrapping
+	// ErrUnreachable when this module cannot reach it. Connection set-up may
+	// be lazy (on first send). The same endpoint is returned on every call.
+	AddProc(peer int) (Endpoint, error)
+
+	// Register makes mem reachable by peers with the given access. mem must
+	// stay valid (and, for Go memory, reachable) until Release.
+	Register(mem []byte, access Access) (Registration, error)
+
+	// Close tears the module down: pending operations complete with ErrClosed.
+	Close() error
+}
+
+// Endpoint is a module's connection to one peer. All methods are safe for
+// concurrent use. Fragments sent with Send, SendImmediate and SendAlloc on
+// one endpoint arrive in order (per endpoint, not across endpoints).
+type Endpoint interface {
+	Module() Module
+	Peer() int // world rank
+
+	// SendImmediate delivers hdr+data now or refuses with ErrWouldBlock. On
+	// return (success or not) the module no longer references hdr or data.
+	SendImmediate(tag Tag, hdr, data []byte) error
+
+	// Send transmits hdr followed by data as one fragment; len(hdr)+len(data)
+	// is at most Limits().MaxSendSize (EagerLimit for eager fragments). hdr
+	// is copied before Send returns. data is owned by the module until the
+	// operation completes: done == true means it completed during the call
+	// (cb is not called); otherwise cb is called once later. An error return
+	// means nothing was sent and cb is not called.
+	Send(tag Tag, hdr, data []byte, cb Completion) (done bool, err error)
+
+	// Alloc returns a module-owned buffer of exactly size bytes that the
+	// caller fills (header first, then payload) and hands to SendAlloc, or
+	// returns with Free. ErrWouldBlock when none is available now.
+	Alloc(size int) ([]byte, error)
+	// SendAlloc sends buf (from Alloc): its first hdrLen bytes are the header.
+	// Ownership of buf returns to the module; completion as for Send.
+	SendAlloc(tag Tag, buf []byte, hdrLen int, cb Completion) (done bool, err error)
+	// Free returns an unsent Alloc buffer.
+	Free(buf []byte)
+
+	// Put writes local into the peer's registered memory named by handle,
+	// at byte offset off. Get reads from it into local. local is owned by the
+	// module until completion (done or cb, as for Send). They need CapPut /
+	// CapGet; a handle that does not decode or a range outside the
+	// registration is an error wrapping ErrBadHandle.
+	Put(local []byte, handle []byte, off int, cb Completion) (done bool, err error)
+	Get(local []byte, handle []byte, off int, cb Completion) (done bool, err error)
+}
+
+// Poller is implemented by modules that need polling (shared memory).
+// Event-driven modules (goroutine per connection) do not implement it.
+type Poller interface {
+	// Progress polls for inbound fragments and completions, dispatching
+	// them, and returns how many events it handled.
+	Progress() int
+	// Block waits, without spinning, until Progress may find work or wake
+	// is signalled. It may return early.
+	Block(wake <-chan struct{})
+}
+
+// Counters are a module's traffic counters (for gorun --stats).
+type Counters struct {
+	FragsSent, BytesSent int64
+	FragsRecv, BytesRecv int64
+	Puts, PutBytes       int64
+	Gets, GetBytes       int64
+}
+
+// Counted is implemented by modules that count their traffic.
+type Counted interface{ Counters() Counters }
+
+// Handler receives one inbound fragment: hdr and data are valid only during
+// the call (copy what must outlive it). It runs on the module's delivery
+// goroutine (or the sender's, for self) and must not block.
+type Handler func(ep Endpoint, hdr, data []byte)
+
+// Dispatcher routes inbound fragments to the handler of their tag and peer
+// failures to the failure handler. One per process instance (per PML).
+type Dispatcher struct {
+	handlers [256]Handler
+	failed   func(peer int, err error)
+}
+
+// Register installs h for tag. Registering a tag twice is a program bug.
+func (d *Dispatcher) Register(tag Tag, h Handler) {
+	if d.handlers[tag] != nil {
+		panic(fmt.Sprintf("btl: tag %#x registered twice", tag))
+	}
+	d.handlers[tag] = h
+}
+
+// OnPeerFailed installs the handler for peer failures.
+func (d *Dispatcher) OnPeerFailed(f func(peer int, err error)) { d.failed = f }
+
+// Dispatch hands a fragment to its handler. A tag without a handler is a
+// protocol error on that peer (reported as such).
+func (d *Dispatcher) Dispatch(ep Endpoint, tag Tag, hdr, data []byte) {
+	if h := d.handlers[tag]; h != nil {
+		h(ep, hdr, data)
+		return
+	}
+	d.PeerFailed(ep.Peer(), mpierr.Errorf(mpierr.ErrProtocol, "fragment with unknown tag %#x from rank %d", uint8(tag), ep.Peer()))
+}
+
+// Handles reports whether tag has a handler.
+func (d *Dispatcher) Handles(tag Tag) bool { return d.handlers[tag] != nil }
+
+// PeerFailed reports that peer died, became unreachable or broke the
+// protocol. Modules call it once per peer and then fail that peer's
+// pending operations.
+func (d *Dispatcher) PeerFailed(peer int, err error) {
+	if d.failed != nil {
+		d.failed(peer, err)
+	}
+}
+
+// Store is the wire-up key-value store (served by gorun).
+type Store interface {
+	Set(key string, value []byte) error
+	Get(ctx context.Context, key string) ([]byte, error) // waits until the key exists
+}
+
+// Env is what a component needs to open its modules in one process instance.
+type Env struct {
+	Rank, Size           int // world rank and size
+	LocalRank, LocalSize int // among the ranks on this host
+	JobID                string
+	Secret               []byte      // job secret for authenticating peers
+	Params               *params.Set // resolved parameters
+	Store                Store       // nil for a singleton or in-process job
+	Dispatch             *Dispatcher
+	Oversubscribed       bool                          // more ranks than cores: wait without spinning
+	Logf                 func(format string, a ...any) // verbose log (never nil)
+}
+
+// Component is a transport kind.
+type Component interface {
+	Name() string
+	// Open returns the modules usable in this process. No modules and an
+	// error wrapping mpierr.ErrNotSupported means "not usable here", with
+	// the reason in the error.
+	Open(env *Env) ([]Module, error)
+}
+
+var (
+	compMu     sync.Mutex
+	components = map[string]Component{}
+)
+
+// RegisterComponent makes a transport available; called from init.
+func RegisterComponent(c Component) {
+	compMu.Lock()
+	defer compMu.Unlock()
+	components[c.Name()] = c
+}
+
+// Components returns the registered components, sorted by name.
+func Components() []Component {
+	compMu.Lock()
+	defer compMu.Unlock()
+	out := make([]Component, 0, len(components))
+	for _, c := range components {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name() < out[j].Name() })
+	return out
+}
+
+// Selected applies the `btl` parameter (include list, or ^exclude list) to
+// name. An empty list selects every transport.
+func Selected(list, name string) bool {
+	list = strings.TrimSpace(list)
+	if list == "" {
+		return true
+	}
+	exclude := strings.HasPrefix(list, "^")
+	list = strings.TrimPrefix(list, "^")
+	found := false
+	for _, n := range strings.Split(list, ",") {
+		if strings.TrimSpace(n) == name {
+			found = true
+		}
+	}
+	return found != exclude
+}
+
+// Defaults are a component's parameter defaults for RegisterParams.
+type Defaults struct {
+	Limits      Limits
+	Caps        Caps // what the transport can do; btl_<name>_flags may only narrow it
+	Exclusivity int
+}
+
+// RegisterParams registers btl_<name>_eager_limit, _rndv_eager_limit,
+// _max_send_size, _rdma_pipeline_frag_size, _rdma_pipeline_send_length,
+// _min_rdma_pipeline_size, _flags and _exclusivity for a component.
+func RegisterParams(name string, d Defaults) {
+	sz := func(suffix string, v int, help string) {
+		params.Register(params.Def{Name: "btl_" + name + "_" + suffix, Kind: params.Size, Default: params.FormatSize(v), Help: help})
+	}
+	l := d.Limits
+	sz("eager_limit", l.EagerLimit, "largest message (header included) the "+name+" transport sends eagerly")
+	sz("rndv_eager_limit", l.RndvEagerLimit, "payload bytes carried by the first fragment of a rendezvous over "+name)
+	sz("max_send_size", l.MaxSendSize, "largest fragment (header included) of a send pipeline over "+name)
+	sz("rdma_pipeline_frag_size", l.RDMAPipelineFragSize, "largest RDMA operation of the RDMA pipeline over "+name)
+	sz("rdma_pipeline_send_length", l.RDMAPipelineSendLength, "bytes at the end of an RDMA-pipelined message sent by copy over "+name)
+	sz("min_rdma_pipeline_size", l.MinRDMAPipelineSize, "messages up to this size use RDMA directly over "+name+"; longer ones the RDMA pipeline")
+	params.Register(params.Def{Name: "btl_" + name + "_flags", Kind: params.String, Default: d.Caps.String(),
+		Help: "capabilities the " + name + " transport may use: comma list of send,sendi,inplace,put,get"})
+	params.Register(params.Def{Name: "btl_" + name + "_exclusivity", Kind: params.Int, Default: fmt.Sprint(d.Exclusivity),
+		Help: "rank of the " + name + " transport: the reachable transport with the highest value wins a peer"})
+}
+
+// Settings reads back what RegisterParams registered: the limits, the
+// capabilities (have narrowed by the flags parameter) and the exclusivity.
+// min_rdma_pipeline_size is raised to at least eager_limit +
+// rdma_pipeline_send_length, as Open MPI does.
+func Settings(p *params.Set, name string, have Caps) (Limits, Caps, int, error) {
+	g := func(s string) int { return p.Int("btl_" + name + "_" + s) }
+	l := Limits{
+		EagerLimit:             g("eager_limit"),
+		RndvEagerLimit:         g("rndv_eager_limit"),
+		MaxSendSize:            g("max_send_size"),
+		RDMAPipelineFragSize:   g("rdma_pipeline_frag_size"),
+		RDMAPipelineSendLength: g("rdma_pipeline_send_length"),
+		MinRDMAPipelineSize:    g("min_rdma_pipeline_size"),
+	}
+	if m := l.EagerLimit + l.RDMAPipelineSendLength; l.MinRDMAPipelineSize < m {
+		l.MinRDMAPipelineSize = m
+	}
+	caps, err := ParseCaps(p.String("btl_" + name + "_flags"))
+	if err != nil {
+		return l, 0, 0, fmt.Errorf("btl_%s_flags: %w", name, err)
+	}
+	return l, caps & have, g("exclusivity"), nil
+}

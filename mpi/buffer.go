@@ -1,0 +1,106 @@
+package mpi
+
+import (
+	"github.com/gompi-org/gompi/convertor"
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/internal/sys"
+	"github.com/gompi-org/gompi/pml"
+)
+
+// TypedBuffer is count elements of a (derived) datatype laid over the
+// memory of a slice, like MPI's (buf, count, datatype). Make one with Typed.
+type TypedBuffer struct {
+	mem   []byte
+	count int
+	t     convertor.Datatype
+	err   error
+}
+
+// Typed lays count elements of datatype t over the memory of base (a slice
+// of a fixed-size numeric type, see the package doc). Element i starts at
+// byte i*t.Extent() of base. Errors (bad base type, uncommitted type,
+// layout outside base) are reported by the call that uses the buffer.
+func Typed(base any, count int, t convertor.Datatype) TypedBuffer {
+	mem, ok := bytesOf(base)
+	if !ok {
+		return TypedBuffer{err: mpierr.Errorf(mpierr.ErrBuffer, "Typed over %T: want a slice of a fixed-size numeric type", base)}
+	}
+	return TypedBuffer{mem: mem, count: count, t: t}
+}
+
+// bytesOf returns the memory of a supported slice type.
+func bytesOf(buf any) ([]byte, bool) {
+	switch b := buf.(type) {
+	case []byte:
+		return b, true
+	case []int8:
+		return sys.AsBytes(b), true
+	case []int16:
+		return sys.AsBytes(b), true
+	case []int32:
+		return sys.AsBytes(b), true
+	case []int64:
+		return sys.AsBytes(b), true
+	case []int:
+		return sys.AsBytes(b), true
+	case []uint16:
+		return sys.AsBytes(b), true
+	case []uint32:
+		return sys.AsBytes(b), true
+	case []uint64:
+		return sys.AsBytes(b), true
+	case []uint:
+		return sys.AsBytes(b), true
+	case []float32:
+		return sys.AsBytes(b), true
+	case []float64:
+		return sys.AsBytes(b), true
+	case []complex64:
+		return sys.AsBytes(b), true
+	case []complex128:
+		return sys.AsBytes(b), true
+	}
+	return nil, false
+}
+
+// toBuffer turns a user buffer into the PML's view. send selects the
+// convertor direction for typed buffers.
+func toBuffer(buf any, send bool) (pml.Buffer, error) {
+	if buf == nil {
+		return pml.Buffer{}, nil
+	}
+	if b, ok := bytesOf(buf); ok {
+		return pml.Buffer{Bytes: b}, nil
+	}
+	var tb TypedBuffer
+	switch b := buf.(type) {
+	case TypedBuffer:
+		tb = b
+	case *TypedBuffer:
+		if b == nil {
+			return pml.Buffer{}, mpierr.Errorf(mpierr.ErrBuffer, "nil *TypedBuffer")
+		}
+		tb = *b
+	default:
+		return pml.Buffer{}, mpierr.Errorf(mpierr.ErrBuffer, "unsupported buffer type %T", buf)
+	}
+	if tb.err != nil {
+		return pml.Buffer{}, tb.err
+	}
+	var c *convertor.Convertor
+	var err error
+	if send {
+		c, err = convertor.NewPacker(tb.mem, tb.count, tb.t)
+	} else {
+		c, err = convertor.NewUnpacker(tb.mem, tb.count, tb.t)
+	}
+	if err != nil {
+		return pml.Buffer{}, err
+	}
+	if b, ok := c.Contiguous(); ok {
+		return pml.Buffer{Bytes: b}, nil
+	}
+	return pml.Buffer{Conv: c}, nil
+}
+
+func int64Bytes(v []int64) []byte { return sys.AsBytes(v) }

@@ -1,0 +1,325 @@
+package mpi
+
+import (
+	"context"
+	"errors"
+
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/pml"
+)
+
+// Comm is a communicator: a group of ranks with its own matching context.
+// Messages sent on one communicator never match receives on another.
+type Comm struct {
+	in *instance
+	pc *pml.Comm
+}
+
+// Rank returns the calling rank's number in c (0..Size-1); -1 for an invalid communicator.
+func (c *Comm) Rank() int {
+	if c == nil || c.pc == nil {
+		return -1
+	}
+	return c.pc.Rank()
+}
+
+// Size returns the number of ranks in c; 0 for an invalid communicator.
+func (c *Comm) Size() int {
+	if c == nil || c.pc == nil {
+		return 0
+	}
+	return c.pc.Size()
+}
+
+func (c *Comm) valid() error {
+	if c == nil || c.pc == nil {
+		return mpierr.Errorf(mpierr.ErrComm, "nil communicator")
+	}
+	if c.pc.Freed() {
+		return mpierr.Errorf(mpierr.ErrComm, "communicator was freed")
+	}
+	return nil
+}
+
+func (c *Comm) checkDest(dest, tag int) error {
+	if err := c.valid(); err != nil {
+		return err
+	}
+	if dest != ProcNull && (dest < 0 || dest >= c.pc.Size()) {
+		return mpierr.Errorf(mpierr.ErrRank, "destination %d not in 0..%d", dest, c.pc.Size()-1)
+	}
+	if tag < 0 || tag > TagUB {
+		return mpierr.Errorf(mpierr.ErrTag, "send tag %d not in 0..%d", tag, TagUB)
+	}
+	return nil
+}
+
+func (c *Comm) checkSource(src, tag int) error {
+	if err := c.valid(); err != nil {
+		return err
+	}
+	if src != ProcNull && src != AnySource && (src < 0 || src >= c.pc.Size()) {
+		return mpierr.Errorf(mpierr.ErrRank, "source %d not in 0..%d (or AnySource)", src, c.pc.Size()-1)
+	}
+	if tag != AnyTag && (tag < 0 || tag > TagUB) {
+		return mpierr.Errorf(mpierr.ErrTag, "receive tag %d not in 0..%d (or AnyTag)", tag, TagUB)
+	}
+	return nil
+}
+
+var nullStatus = Status{Source: ProcNull, Tag: AnyTag}
+
+// Send sends buf to rank dest with tag (standard mode): it returns when buf
+// may be reused, which for a small message is at once and for a large one
+// after the receiver took the data.
+func (c *Comm) Send(buf any, dest, tag int) error { return c.send(buf, dest, tag, pml.Standard) }
+
+// Ssend is a synchronous send: it returns only after the matching receive
+// has started.
+func (c *Comm) Ssend(buf any, dest, tag int) error { return c.send(buf, dest, tag, pml.Synchronous) }
+
+// Bsend copies buf into the attached buffer (BufferAttach) and returns; the
+// message is delivered from there. ErrBuffer if it does not fit.
+func (c *Comm) Bsend(buf any, dest, tag int) error {
+	r, err := c.Ibsend(buf, dest, tag)
+	if err != nil {
+		return err
+	}
+	_, err = r.Wait()
+	return err
+}
+
+// Rsend is a ready-mode send: the program promises the matching receive is
+// already posted. gompi treats it as a standard send.
+func (c *Comm) Rsend(buf any, dest, tag int) error { return c.send(buf, dest, tag, pml.Ready) }
+
+func (c *Comm) send(buf any, dest, tag int, mode pml.Mode) error {
+	if err := c.checkDest(dest, tag); err != nil {
+		return err
+	}
+	b, err := toBuffer(buf, true)
+	if err != nil {
+		return err
+	}
+	if dest == ProcNull {
+		return nil
+	}
+	return c.pc.Send(b, dest, tag, mode)
+}
+
+// Recv receives a message from rank source (or AnySource) with tag (or
+// AnyTag) into buf. A message longer than buf fills buf with its prefix
+// and returns ErrTruncate; Status.Count is then the bytes stored.
+func (c *Comm) Recv(buf any, source, tag int) (Status, error) {
+	if err := c.checkSource(source, tag); err != nil {
+		return Status{}, err
+	}
+	b, err := toBuffer(buf, false)
+	if err != nil {
+		return Status{}, err
+	}
+	if source == ProcNull {
+		return nullStatus, nil
+	}
+	st, err := c.pc.Recv(b, source, tag)
+	return Status(st), err
+}
+
+// Sendrecv sends sendBuf to dest and receives into recvBuf from source,
+// concurrently (so a ring exchange cannot deadlock).
+func (c *Comm) Sendrecv(sendBuf any, dest, sendTag int, recvBuf any, source, recvTag int) (Status, error) {
+	rr, err := c.Irecv(recvBuf, source, recvTag)
+	if err != nil {
+		return Status{}, err
+	}
+	sr, err := c.Isend(sendBuf, dest, sendTag)
+	if err != nil {
+		rr.Cancel()
+		rr.Wait()
+		return Status{}, err
+	}
+	_, serr := sr.Wait()
+	st, rerr := rr.Wait()
+	return st, errors.Join(rerr, serr)
+}
+
+// Isend starts a standard-mode send. buf must not be modified until the
+// request completes.
+func (c *Comm) Isend(buf any, dest, tag int) (*Request, error) {
+	return c.isend(buf, dest, tag, pml.Standard)
+}
+
+// Issend starts a synchronous send: it completes once the receive matched.
+func (c *Comm) Issend(buf any, dest, tag int) (*Request, error) {
+	return c.isend(buf, dest, tag, pml.Synchronous)
+}
+
+// Irsend starts a ready-mode send (treated as standard).
+func (c *Comm) Irsend(buf any, dest, tag int) (*Request, error) {
+	return c.isend(buf, dest, tag, pml.Ready)
+}
+
+// Ibsend copies buf into the attached buffer and returns a request that is
+// already complete; ErrBuffer if no buffer is attached or it has no room.
+func (c *Comm) Ibsend(buf any, dest, tag int) (*Request, error) {
+	if err := c.checkDest(dest, tag); err != nil {
+		return nil, err
+	}
+	b, err := toBuffer(buf, true)
+	if err != nil {
+		return nil, err
+	}
+	if dest == ProcNull {
+		return doneRequest(c, nullStatus), nil
+	}
+	packed, release, err := bsendReserve(b)
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.pc.Isend(pml.Buffer{Bytes: packed}, dest, tag, pml.Buffered, release)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	return &Request{c: c, r: r}, nil
+}
+
+func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
+	if err := c.checkDest(dest, tag); err != nil {
+		return nil, err
+	}
+	b, err := toBuffer(buf, true)
+	if err != nil {
+		return nil, err
+	}
+	if dest == ProcNull {
+		return doneRequest(c, Status{Source: ProcNull, Tag: tag}), nil
+	}
+	r, err := c.pc.Isend(b, dest, tag, mode, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Request{c: c, r: r}, nil
+}
+
+// Irecv starts a receive; buf must not be touched until the request completes.
+func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
+	if err := c.checkSource(source, tag); err != nil {
+		return nil, err
+	}
+	b, err := toBuffer(buf, false)
+	if err != nil {
+		return nil, err
+	}
+	if source == ProcNull {
+		return doneRequest(c, nullStatus), nil
+	}
+	r, err := c.pc.Irecv(b, source, tag)
+	if err != nil {
+		return nil, err
+	}
+	return &Request{c: c, r: r}, nil
+}
+
+// Probe blocks until a message from source with tag can be received and
+// describes it without receiving it.
+func (c *Comm) Probe(source, tag int) (Status, error) {
+	if err := c.checkSource(source, tag); err != nil {
+		return Status{}, err
+	}
+	if source == ProcNull {
+		return nullStatus, nil
+	}
+	st, err := c.pc.Probe(context.Background(), source, tag)
+	return Status(st), err
+}
+
+// Iprobe reports whether a message from source with tag can be received now.
+func (c *Comm) Iprobe(source, tag int) (Status, bool, error) {
+	if err := c.checkSource(source, tag); err != nil {
+		return Status{}, false, err
+	}
+	if source == ProcNull {
+		return nullStatus, true, nil
+	}
+	st, ok, err := c.pc.Iprobe(source, tag)
+	return Status(st), ok, err
+}
+
+// Message is a message taken out of matching by Mprobe or Improbe; receive
+// it with Recv or Irecv (exactly once).
+type Message struct {
+	c    *Comm
+	r    *pml.Request
+	null bool
+}
+
+// Mprobe blocks until a matching message arrives and removes it from
+// matching: no other receive can take it.
+func (c *Comm) Mprobe(source, tag int) (*Message, Status, error) {
+	if err := c.checkSource(source, tag); err != nil {
+		return nil, Status{}, err
+	}
+	if source == ProcNull {
+		return &Message{c: c, null: true}, nullStatus, nil
+	}
+	r, st, err := c.pc.Mprobe(context.Background(), source, tag)
+	if err != nil {
+		return nil, Status{}, err
+	}
+	return &Message{c: c, r: r}, Status(st), nil
+}
+
+// Improbe is the nonblocking Mprobe: ok is false when no message matches now.
+func (c *Comm) Improbe(source, tag int) (*Message, Status, bool, error) {
+	if err := c.checkSource(source, tag); err != nil {
+		return nil, Status{}, false, err
+	}
+	if source == ProcNull {
+		return &Message{c: c, null: true}, nullStatus, true, nil
+	}
+	r, st, ok, err := c.pc.Improbe(source, tag)
+	if err != nil || !ok {
+		return nil, Status{}, ok, err
+	}
+	return &Message{c: c, r: r}, Status(st), true, nil
+}
+
+// Recv receives the message into buf.
+func (m *Message) Recv(buf any) (Status, error) {
+	r, err := m.Irecv(buf)
+	if err != nil {
+		return Status{}, err
+	}
+	return r.Wait()
+}
+
+// Irecv starts receiving the message into buf.
+func (m *Message) Irecv(buf any) (*Request, error) {
+	if m == nil || m.c == nil {
+		return nil, mpierr.Errorf(mpierr.ErrArg, "nil message")
+	}
+	b, err := toBuffer(buf, false)
+	if err != nil {
+		return nil, err
+	}
+	if m.null {
+		return doneRequest(m.c, nullStatus), nil
+	}
+	r, err := m.c.pc.Mrecv(m.r, b)
+	if err != nil {
+		return nil, err
+	}
+	return &Request{c: m.c, r: r}, nil
+}
+
+// Abort ends every rank of the job: in-process (Run), every rank's pending
+// and later calls fail with ErrAborted and Run returns; under gorun every
+// process exits and gorun exits with code.
+func (c *Comm) Abort(code int) error {
+	if err := c.valid(); err != nil {
+		return err
+	}
+	c.in.abort(code, mpierr.Errorf(mpierr.ErrAborted, "rank %d called Abort(%d)", c.in.rank, code))
+	return nil
+}

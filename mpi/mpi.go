@@ -1,0 +1,258 @@
+// Package mpi is gompi's public API: MPI-style point-to-point messaging
+// between the ranks of a job.
+//
+// A job is either N processes started by gorun (each calls Init and
+// Finalize) or N goroutine ranks inside one process started by Run. Ranks
+// exchange messages through a communicator (*Comm) with MPI semantics:
+// tags and wildcards, non-overtaking order between a pair of ranks,
+// blocking and nonblocking calls, probes, cancel, the four send modes, and
+// derived datatypes (package convertor) through Typed.
+//
+//	err := mpi.Run(2, func(world *mpi.Comm) error {
+//		buf := make([]float64, 4)
+//		if world.Rank() == 0 {
+//			return world.Send(buf, 1, 7)
+//		}
+//		_, err := world.Recv(buf, 0, 7)
+//		return err
+//	})
+//
+// Every method is safe to call from any goroutine, and progress never
+// depends on the caller testing requests.
+package mpi
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/btl/self"
+	"github.com/gompi-org/gompi/convertor"
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/internal/params"
+	"github.com/gompi-org/gompi/pml"
+)
+
+// Special ranks and tags.
+const (
+	AnySource = -1          // Recv/Probe: match a message from any rank
+	AnyTag    = -1          // Recv/Probe: match any tag
+	ProcNull  = -2          // Send/Recv with ProcNull complete at once and move no data
+	TagUB     = 1<<30 - 1   // largest valid tag; valid user tags are 0..TagUB
+	Undefined = convertor.Undefined // Status.Elements when the byte count is not a whole number of elements; Split color for "no communicator"
+)
+
+// BsendOverhead is the attached-buffer space each buffered message takes
+// beyond its packed size (MPI_BSEND_OVERHEAD).
+const BsendOverhead = 64
+
+// The error classes. Every error this package returns wraps one of them.
+var (
+	ErrTruncate   = mpierr.ErrTruncate   // receive buffer too small: the buffer holds the message's prefix, Status.Count the bytes stored
+	ErrRank       = mpierr.ErrRank       // dest/source out of range
+	ErrTag        = mpierr.ErrTag        // tag out of range
+	ErrComm       = mpierr.ErrComm       // nil or freed communicator
+	ErrBuffer     = mpierr.ErrBuffer     // bad buffer (unsupported type, Bsend without room)
+	ErrCount      = mpierr.ErrCount      // count/datatype do not fit the buffer
+	ErrType       = mpierr.ErrType       // bad or uncommitted datatype
+	ErrProcFailed = mpierr.ErrProcFailed // the peer process died or became unreachable
+	ErrNotInit    = mpierr.ErrNotInit    // Init not called, or called after Finalize
+	ErrArg        = mpierr.ErrArg        // another invalid argument (bad option, parameter or request)
+	ErrAborted    = mpierr.ErrAborted    // the job was ended by Comm.Abort
+)
+
+// Option configures Init and Run.
+type Option func(*options)
+
+type options struct {
+	params [][2]string
+}
+
+// WithParam sets a tunable parameter by name, e.g.
+// WithParam("btl_self_eager_limit", "4k"). It overrides the environment
+// (GOMPI_<NAME>). An unknown name or bad value makes Init/Run fail with
+// ErrArg. gompi-info lists every parameter.
+func WithParam(name, value string) Option {
+	return func(o *options) { o.params = append(o.params, [2]string{name, value}) }
+}
+
+// instance is one rank's state: its engine, transports and world.
+type instance struct {
+	rank, size int
+	params     *params.Set
+	engine     *pml.Engine
+	dispatch   *btl.Dispatcher
+	modules    []btl.Module
+	world      *Comm
+	abort      func(code int, err error) // ends the whole job
+	closed     atomic.Bool
+	logf       func(string, ...any)
+	collMu     sync.Mutex // serializes communicator creation (context agreement)
+}
+
+func newOptions(opts []Option) *options {
+	o := &options{}
+	for _, f := range opts {
+		if f != nil {
+			f(o)
+		}
+	}
+	return o
+}
+
+// Run starts n ranks as goroutines inside this process, connected by the
+// in-process (self) transport, calls body on each with its world
+// communicator, waits for all, and returns errors.Join of the ranks'
+// errors (each prefixed with its rank). A rank whose body returns an error
+// or panics aborts the others' pending and later calls (ErrAborted), so a
+// failing rank never leaves the rest hanging. Run is independent of
+// Init/Finalize and may be called many times, also concurrently.
+func Run(n int, body func(world *Comm) error, opts ...Option) error {
+	if n <= 0 {
+		return mpierr.Errorf(mpierr.ErrArg, "Run needs at least one rank, got %d", n)
+	}
+	if body == nil {
+		return mpierr.Errorf(mpierr.ErrArg, "Run needs a body")
+	}
+	o := newOptions(opts)
+	ps, err := params.NewSet(o.params)
+	if err != nil {
+		return err
+	}
+	w := self.NewWorld()
+	insts := make([]*instance, n)
+	var abortOnce sync.Once
+	abortAll := func(code int, err error) {
+		abortOnce.Do(func() {
+			for _, in := range insts {
+				in.engine.Abort(err)
+			}
+		})
+	}
+	logf := func(string, ...any) {}
+	if ps.Bool("verbose") {
+		logf = func(f string, a ...any) { fmt.Fprintf(os.Stderr, "gompi: "+f+"\n", a...) }
+	}
+	for r := 0; r < n; r++ {
+		in, err := newInstance(r, n, ps, logf)
+		if err != nil {
+			return err
+		}
+		in.abort = abortAll
+		env := in.env()
+		m, err := w.Attach(env)
+		if err != nil {
+			return err
+		}
+		in.modules = append(in.modules, m)
+		insts[r] = in
+	}
+	for _, in := range insts {
+		if err := in.connect(); err != nil {
+			return err
+		}
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := 0; r < n; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			in := insts[r]
+			defer func() {
+				if p := recover(); p != nil {
+					errs[r] = fmt.Errorf("rank %d: panic: %v\n%s", r, p, debug.Stack())
+					abortAll(1, mpierr.Errorf(mpierr.ErrAborted, "rank %d panicked", r))
+				}
+			}()
+			if err := body(in.world); err != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, err)
+				if !errors.Is(err, ErrAborted) {
+					abortAll(1, mpierr.Errorf(mpierr.ErrAborted, "rank %d failed: %v", r, err))
+				}
+			}
+		}(r)
+	}
+	wg.Wait()
+	for _, in := range insts {
+		in.close(nil)
+	}
+	return errors.Join(errs...)
+}
+
+func newInstance(rank, size int, ps *params.Set, logf func(string, ...any)) (*instance, error) {
+	in := &instance{rank: rank, size: size, params: ps, logf: logf}
+	d := &btl.Dispatcher{}
+	e, err := pml.New(pml.Config{Rank: rank, Size: size, Params: ps, Dispatch: d, Oversubscribed: os.Getenv("GOMPI_OVERSUBSCRIBED") == "1", Logf: logf})
+	if err != nil {
+		return nil, err
+	}
+	in.engine = e
+	in.dispatch = d
+	return in, nil
+}
+
+func (in *instance) env() *btl.Env {
+	return &btl.Env{Rank: in.rank, Size: in.size, LocalRank: in.rank, LocalSize: in.size,
+		Params: in.params, Dispatch: in.dispatch, Logf: in.logf, Oversubscribed: os.Getenv("GOMPI_OVERSUBSCRIBED") == "1"}
+}
+
+// connect chooses a transport for every peer and creates the world communicator.
+func (in *instance) connect() error {
+	for p := 0; p < in.size; p++ {
+		var eps []btl.Endpoint
+		var reasons []string
+		for _, m := range in.modules {
+			ep, err := m.AddProc(p)
+			if err != nil {
+				reasons = append(reasons, err.Error())
+				continue
+			}
+			eps = append(eps, ep)
+		}
+		if err := in.engine.SetPeer(p, eps); err != nil {
+			names := []string{}
+			for _, m := range in.modules {
+				names = append(names, m.Name())
+			}
+			return mpierr.Errorf(mpierr.ErrProcFailed, "rank %d: no transport reaches rank %d (transports in use: %v; btl=%q)", in.rank, p, names, in.params.String("btl"))
+		}
+	}
+	for _, m := range in.modules {
+		if p, ok := m.(btl.Poller); ok {
+			in.engine.AddPoller(p)
+		}
+	}
+	group := make([]int, in.size)
+	for i := range group {
+		group[i] = i
+	}
+	pc, err := in.engine.NewComm(0, in.rank, group)
+	if err != nil {
+		return err
+	}
+	in.world = &Comm{in: in, pc: pc}
+	in.engine.Start()
+	return nil
+}
+
+func (in *instance) close(err error) {
+	if in.closed.Swap(true) {
+		return
+	}
+	in.engine.Close(err)
+	for _, m := range in.modules {
+		m.Close()
+	}
+}
+
+func init() {
+	params.Register(params.Def{Name: "btl", Kind: params.String, Default: "",
+		Help: "transports to use: comma list (self,sm,tcp,verbs), or ^list to exclude; empty = all usable"})
+	params.Register(params.Def{Name: "verbose", Kind: params.Bool, Default: "false",
+		Help: "log transport selection and failures to stderr"})
+}

@@ -1,0 +1,399 @@
+// Package pml is gompi's point-to-point messaging layer, modelled on Open
+// MPI's ob1: send and receive requests, MPI matching (per-peer sequence
+// numbers, posted and unexpected queues, wildcards, probes, cancel) and the
+// protocols of seed 004 (eager immediate/prepared/allocated, RDMA direct
+// put, RDMA direct get, send/receive pipeline, RDMA pipeline, buffered
+// pipeline) over any set of btl transports.
+//
+// The Engine is a state machine without goroutines, sockets or clocks of
+// its own (the one exception, the background poller of polled transports,
+// is started only by Start): events come in as method calls (Isend, Irecv,
+// Cancel, and inbound fragments through the btl.Dispatcher handlers it
+// registers), and actions go out as btl calls made after the engine lock
+// is released. Request.Wait and the pollers are the thin driver.
+//
+// Entry points: New, Engine.SetPeer, Engine.NewComm, then Comm.Isend /
+// Comm.Irecv / Comm.Send / Comm.Recv and Engine.Wait.
+package pml
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/internal/params"
+	"github.com/gompi-org/gompi/pml/hdr"
+)
+
+func init() {
+	params.Register(params.Def{Name: "pml_send_pipeline_depth", Kind: params.Int, Default: "3",
+		Help: "FRAGs in flight per send of the send/receive pipeline"})
+	params.Register(params.Def{Name: "pml_recv_pipeline_depth", Kind: params.Int, Default: "4",
+		Help: "PUTs in flight per receive of the RDMA pipeline"})
+	params.Register(params.Def{Name: "pml_force_protocol", Kind: params.String, Default: "",
+		Help: "empty (automatic) or one of eager, rdma_put, rdma_get, send_pipeline, rdma_pipeline: used for every message it can carry"})
+	params.Register(params.Def{Name: "pml_leave_pinned", Kind: params.Bool, Default: "false",
+		Help: "keep registrations (always use RDMA directly instead of the RDMA pipeline)"})
+	params.Register(params.Def{Name: "pml_wait_spin", Kind: params.Duration, Default: "50us",
+		Help: "how long a waiting call polls before it parks (0 when ranks outnumber cores)"})
+}
+
+// Config configures an Engine.
+type Config struct {
+	Rank, Size     int // world rank and size
+	Params         *params.Set
+	Dispatch       *btl.Dispatcher
+	Oversubscribed bool
+	Logf           func(format string, a ...any)
+}
+
+type peer struct {
+	world  int
+	ep     btl.Endpoint
+	caps   btl.Caps
+	lim    btl.Limits
+	failed error // guarded by Engine.mu
+}
+
+// Engine is one process instance's PML.
+type Engine struct {
+	mu      sync.Mutex
+	rank    int
+	size    int
+	peers   []*peer
+	comms   map[uint32]*Comm
+	parked  []*frag // matching fragments of communicators not created yet
+	reqs    map[uint64]*Request
+	nextID  uint64
+	nextCtx uint32
+	toStart []*Request // matched rendezvous receives to start outside the lock
+	closed  error
+
+	spin        time.Duration
+	depth       int
+	recvDepth   int
+	force       Force
+	leavePinned bool
+	logf        func(string, ...any)
+	poll        pollers
+
+	Stats Stats
+}
+
+// Stats counts messages per protocol (gorun --stats).
+type Stats struct {
+	Sent  [BufferedPipeline + 1]atomic.Int64
+	Bytes [BufferedPipeline + 1]atomic.Int64
+	Recvd atomic.Int64
+}
+
+// New makes an engine and registers its handlers on cfg.Dispatch.
+func New(cfg Config) (*Engine, error) {
+	p := cfg.Params
+	force, ok := ParseForce(p.String("pml_force_protocol"))
+	if !ok {
+		return nil, mpierr.Errorf(mpierr.ErrArg, "pml_force_protocol=%q: want eager, rdma_put, rdma_get, send_pipeline or rdma_pipeline", p.String("pml_force_protocol"))
+	}
+	e := &Engine{
+		rank: cfg.Rank, size: cfg.Size,
+		peers:       make([]*peer, cfg.Size),
+		comms:       map[uint32]*Comm{},
+		reqs:        map[uint64]*Request{},
+		nextID:      1,
+		nextCtx:     1,
+		spin:        p.Duration("pml_wait_spin"),
+		depth:       max(1, p.Int("pml_send_pipeline_depth")),
+		recvDepth:   max(1, p.Int("pml_recv_pipeline_depth")),
+		force:       force,
+		leavePinned: p.Bool("pml_leave_pinned"),
+		logf:        cfg.Logf,
+	}
+	if cfg.Oversubscribed {
+		e.spin = 0
+	}
+	if e.logf == nil {
+		e.logf = func(string, ...any) {}
+	}
+	d := cfg.Dispatch
+	d.Register(btl.Tag(hdr.TypeMatch), e.onMatching)
+	d.Register(btl.Tag(hdr.TypeRndv), e.onMatching)
+	d.Register(btl.Tag(hdr.TypeRget), e.onMatching)
+	d.Register(btl.Tag(hdr.TypeAck), e.onAck)
+	d.Register(btl.Tag(hdr.TypeFrag), e.onFrag)
+	d.Register(btl.Tag(hdr.TypePut), e.onPut)
+	d.Register(btl.Tag(hdr.TypeFin), e.onFin)
+	d.OnPeerFailed(e.PeerFailed)
+	return e, nil
+}
+
+// SetPeer chooses, among the endpoints of the transports that reach world
+// rank r, the one of the highest exclusivity. None is an error wrapping
+// btl.ErrUnreachable.
+func (e *Engine) SetPeer(r int, eps []btl.Endpoint) error {
+	var best btl.Endpoint
+	for _, ep := range eps {
+		if ep != nil && (best == nil || ep.Module().Exclusivity() > best.Module().Exclusivity()) {
+			best = ep
+		}
+	}
+	if best == nil {
+		return fmt.Errorf("no transport reaches rank %d: %w", r, btl.ErrUnreachable)
+	}
+	m := best.Module()
+	e.peers[r] = &peer{world: r, ep: best, caps: m.Caps(), lim: m.Limits()}
+	return nil
+}
+
+// PeerTransport names the transport chosen for world rank r ("" if none).
+func (e *Engine) PeerTransport(r int) string {
+	if p := e.peers[r]; p != nil {
+		return p.ep.Module().Name()
+	}
+	return ""
+}
+
+// AddPoller registers a transport that needs polling.
+func (e *Engine) AddPoller(p btl.Poller) { e.poll.add(p) }
+
+// Start starts the background progress goroutine (only if a transport needs polling).
+func (e *Engine) Start() { e.poll.start() }
+
+// Close stops the background poller. Pending requests are failed with err
+// (nil: ErrNotInit).
+func (e *Engine) Close(err error) {
+	if err == nil {
+		err = mpierr.Errorf(mpierr.ErrNotInit, "finalized")
+	}
+	e.Abort(err)
+	e.poll.close()
+}
+
+// Progress polls the polled transports once.
+func (e *Engine) Progress() int { return e.poll.progress() }
+
+// Pending reports how many rendezvous requests are still in progress.
+func (e *Engine) Pending() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.reqs)
+}
+
+// Abort fails every pending request with err and every later call.
+func (e *Engine) Abort(err error) {
+	e.mu.Lock()
+	if e.closed == nil {
+		e.closed = err
+	}
+	var fail []*Request
+	for _, r := range e.reqs {
+		fail = append(fail, r)
+	}
+	clear(e.reqs)
+	for _, c := range e.comms {
+		fail = c.m.drainPosted(fail)
+	}
+	for _, r := range fail {
+		if !r.Done() && !r.mpiDone {
+			r.mpiDone = true
+			r.complete(Status{Source: r.peer, Tag: r.tag}, err)
+		}
+	}
+	e.mu.Unlock()
+}
+
+// PeerFailed fails every request that involves world rank r. Called by
+// the transports (through the dispatcher) and by the launcher's failure
+// notices.
+func (e *Engine) PeerFailed(r int, err error) {
+	if r < 0 || r >= e.size {
+		return
+	}
+	e.mu.Lock()
+	p := e.peers[r]
+	if p == nil {
+		p = &peer{world: r}
+		e.peers[r] = p
+	}
+	if p.failed != nil {
+		e.mu.Unlock()
+		return
+	}
+	if !isClass(err, mpierr.ErrProcFailed) {
+		err = fmt.Errorf("rank %d: %w (%w)", r, mpierr.ErrProcFailed, err)
+	}
+	p.failed = err
+	e.logf("pml: rank %d failed: %v", r, err)
+	var fail []*Request
+	for id, q := range e.reqs {
+		if q.peerWorld == r {
+			fail = append(fail, q)
+			delete(e.reqs, id)
+		}
+	}
+	for _, c := range e.comms {
+		cr, ok := c.commRank(r)
+		if !ok {
+			continue
+		}
+		fail = c.m.drainSource(cr, fail)
+	}
+	for _, q := range fail {
+		if !q.mpiDone {
+			q.mpiDone = true
+			q.complete(Status{Source: q.peer, Tag: q.tag}, err)
+		}
+	}
+	e.mu.Unlock()
+}
+
+func isClass(err, class error) bool {
+	for err != nil {
+		if err == class {
+			return true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				if isClass(x, class) {
+					return true
+				}
+			}
+			return false
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// protocolError reports a peer that broke the protocol: it is treated as failed.
+func (e *Engine) protocolError(ep btl.Endpoint, format string, a ...any) {
+	err := fmt.Errorf("rank %d: %w: %s", ep.Peer(), mpierr.ErrProtocol, fmt.Sprintf(format, a...))
+	e.logf("pml: %v", err)
+	e.PeerFailed(ep.Peer(), err)
+}
+
+// ---- communicators ----
+
+// Comm is a communicator's PML state: its context id, group and queues.
+type Comm struct {
+	e      *Engine
+	ctx    uint32
+	rank   int
+	group  []int // communicator rank -> world rank
+	toComm map[int]int
+	seqs   []procSeq
+	m      *matchState // guarded by e.mu
+	freed  atomic.Bool
+}
+
+type procSeq struct {
+	send   atomic.Uint32
+	expect uint16 // guarded by e.mu
+	ooo    *frag  // out-of-sequence arrivals, sorted by seq (guarded by e.mu)
+}
+
+// NextContext returns the lowest context id this engine has not used;
+// collective operations agree on the maximum over the participants.
+func (e *Engine) NextContext() uint32 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.nextCtx
+}
+
+// NewComm creates the communicator with context id ctx, where this process
+// has rank rank and group maps communicator ranks to world ranks. Fragments
+// that arrived for ctx before are matched now.
+func (e *Engine) NewComm(ctx uint32, rank int, group []int) (*Comm, error) {
+	c := &Comm{e: e, ctx: ctx, rank: rank, group: group, toComm: make(map[int]int, len(group)),
+		seqs: make([]procSeq, len(group)), m: newMatchState(len(group))}
+	for i, w := range group {
+		c.toComm[w] = i
+	}
+	e.mu.Lock()
+	if _, dup := e.comms[ctx]; dup {
+		e.mu.Unlock()
+		return nil, mpierr.Errorf(mpierr.ErrComm, "context %d in use", ctx)
+	}
+	e.comms[ctx] = c
+	if ctx >= e.nextCtx {
+		e.nextCtx = ctx + 1
+	}
+	parked := e.parked
+	e.parked = nil
+	for _, f := range parked {
+		if f.m.Ctx == ctx {
+			e.arrive(c, f, true)
+		} else {
+			e.parked = append(e.parked, f)
+		}
+	}
+	start := len(e.toStart) > 0
+	e.mu.Unlock()
+	if start {
+		e.runStarts()
+	}
+	return c, nil
+}
+
+// Free releases the communicator. Later calls on it fail with ErrComm.
+func (c *Comm) Free() {
+	if c.freed.Swap(true) {
+		return
+	}
+	c.e.mu.Lock()
+	delete(c.e.comms, c.ctx)
+	c.e.mu.Unlock()
+}
+
+// Freed reports whether Free was called.
+func (c *Comm) Freed() bool { return c.freed.Load() }
+
+// Rank is this process's rank in c; Size the group size.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size is the number of ranks in c.
+func (c *Comm) Size() int { return len(c.group) }
+
+// World maps a communicator rank to a world rank.
+func (c *Comm) World(r int) int { return c.group[r] }
+
+// Context is c's context id.
+func (c *Comm) Context() uint32 { return c.ctx }
+
+// Engine returns the engine of c.
+func (c *Comm) Engine() *Engine { return c.e }
+
+func (c *Comm) commRank(world int) (int, bool) {
+	r, ok := c.toComm[world]
+	return r, ok
+}
+
+// ---- requests ----
+
+var reqPool = sync.Pool{New: func() any { return new(Request) }}
+
+func newReq(owned bool) *Request {
+	if owned {
+		r := reqPool.Get().(*Request)
+		r.owned = true
+		return r
+	}
+	return &Request{}
+}
+
+// Recycle returns a request obtained from a blocking call's pool.
+func recycle(r *Request) {
+	if !r.owned {
+		return
+	}
+	r.reset()
+	reqPool.Put(r)
+}
+
+var hdrPool = sync.Pool{New: func() any { return new([hdr.MaxLen]byte) }}

@@ -1,0 +1,232 @@
+package pml
+
+import "github.com/gompi-org/gompi/pml/hdr"
+
+// AnySource and AnyTag are the wildcards (same values as the mpi package).
+const (
+	AnySource = -1
+	AnyTag    = -1
+)
+
+// reqList is an intrusive FIFO of posted receives (and probes).
+type reqList struct{ head, tail *Request }
+
+func (l *reqList) push(r *Request) {
+	r.list, r.next, r.prev = l, nil, l.tail
+	if l.tail != nil {
+		l.tail.next = r
+	} else {
+		l.head = r
+	}
+	l.tail = r
+}
+
+func (l *reqList) remove(r *Request) {
+	if r.prev != nil {
+		r.prev.next = r.next
+	} else {
+		l.head = r.next
+	}
+	if r.next != nil {
+		r.next.prev = r.prev
+	} else {
+		l.tail = r.prev
+	}
+	r.next, r.prev, r.list = nil, nil, nil
+}
+
+// frag is a matching header that could not be delivered yet: out of
+// sequence, or unexpected (no receive posted). The payload is copied.
+type frag struct {
+	typ    hdr.Type
+	m      hdr.Match
+	msgLen int
+	srcReq uint64
+	handle []byte
+	data   []byte
+	peer   *peer // the transport peer it came from
+
+	// unexpected-queue links (guarded by Engine.mu)
+	allNext, allPrev *frag // per communicator, arrival order
+	srcNext, srcPrev *frag // per source
+	keyNext, keyPrev *frag // per (source, tag)
+	oooNext          *frag // out-of-order list
+}
+
+type fragList struct{ head, tail *frag }
+
+type key struct{ src, tag int32 }
+
+// matchState is a communicator's posted and unexpected queues (guarded by
+// Engine.mu). Posted receives for a specific (source, tag) are found by
+// hash in O(1); wildcard receives keep post order and compete with them by
+// post sequence, so the earliest-posted compatible receive always wins.
+type matchState struct {
+	recvSeq  uint64
+	specific map[key]*reqList // source >= 0 and tag != AnyTag
+	srcAny   []reqList        // per source: tag == AnyTag
+	wild     reqList          // source == AnySource
+
+	uAll  fragList
+	uSrc  []fragList
+	uKey  map[key]*fragList
+	nWild int
+}
+
+func newMatchState(size int) *matchState {
+	return &matchState{
+		specific: map[key]*reqList{},
+		srcAny:   make([]reqList, size),
+		uSrc:     make([]fragList, size),
+		uKey:     map[key]*fragList{},
+	}
+}
+
+func tagMatches(want, got int) bool { return want == got || (want == AnyTag && got >= 0) }
+
+// post queues r (a receive or a probe) after the unexpected queue had no match.
+func (m *matchState) post(r *Request) {
+	r.postSeq = m.recvSeq
+	m.recvSeq++
+	switch {
+	case r.peer == AnySource:
+		m.wild.push(r)
+	case r.tag == AnyTag:
+		m.srcAny[r.peer].push(r)
+	default:
+		k := key{int32(r.peer), int32(r.tag)}
+		l := m.specific[k]
+		if l == nil {
+			l = &reqList{}
+			m.specific[k] = l
+		}
+		l.push(r)
+	}
+}
+
+// unpost removes a posted request; false if it is not posted.
+func (m *matchState) unpost(r *Request) bool {
+	if r.list == nil {
+		return false
+	}
+	r.list.remove(r)
+	return true
+}
+
+// findPosted returns the earliest-posted request matching (src, tag), without removing it.
+func (m *matchState) findPosted(src, tag int) *Request {
+	var best *Request
+	if l := m.specific[key{int32(src), int32(tag)}]; l != nil {
+		best = l.head
+	}
+	if tag >= 0 {
+		if r := m.srcAny[src].head; r != nil && (best == nil || r.postSeq < best.postSeq) {
+			best = r
+		}
+	}
+	for r := m.wild.head; r != nil; r = r.next {
+		if best != nil && r.postSeq > best.postSeq {
+			break
+		}
+		if tagMatches(r.tag, tag) {
+			best = r
+			break
+		}
+	}
+	return best
+}
+
+// addUnexpected appends f to the unexpected queues.
+func (m *matchState) addUnexpected(f *frag) {
+	src := int(f.m.Src)
+	f.allPrev, f.allNext = m.uAll.tail, nil
+	if m.uAll.tail != nil {
+		m.uAll.tail.allNext = f
+	} else {
+		m.uAll.head = f
+	}
+	m.uAll.tail = f
+	s := &m.uSrc[src]
+	f.srcPrev, f.srcNext = s.tail, nil
+	if s.tail != nil {
+		s.tail.srcNext = f
+	} else {
+		s.head = f
+	}
+	s.tail = f
+	k := key{f.m.Src, f.m.Tag}
+	l := m.uKey[k]
+	if l == nil {
+		l = &fragList{}
+		m.uKey[k] = l
+	}
+	f.keyPrev, f.keyNext = l.tail, nil
+	if l.tail != nil {
+		l.tail.keyNext = f
+	} else {
+		l.head = f
+	}
+	l.tail = f
+}
+
+func (m *matchState) removeUnexpected(f *frag) {
+	if f.allPrev != nil {
+		f.allPrev.allNext = f.allNext
+	} else {
+		m.uAll.head = f.allNext
+	}
+	if f.allNext != nil {
+		f.allNext.allPrev = f.allPrev
+	} else {
+		m.uAll.tail = f.allPrev
+	}
+	s := &m.uSrc[f.m.Src]
+	if f.srcPrev != nil {
+		f.srcPrev.srcNext = f.srcNext
+	} else {
+		s.head = f.srcNext
+	}
+	if f.srcNext != nil {
+		f.srcNext.srcPrev = f.srcPrev
+	} else {
+		s.tail = f.srcPrev
+	}
+	l := m.uKey[key{f.m.Src, f.m.Tag}]
+	if f.keyPrev != nil {
+		f.keyPrev.keyNext = f.keyNext
+	} else {
+		l.head = f.keyNext
+	}
+	if f.keyNext != nil {
+		f.keyNext.keyPrev = f.keyPrev
+	} else {
+		l.tail = f.keyPrev
+	}
+	if l.head == nil {
+		delete(m.uKey, key{f.m.Src, f.m.Tag})
+	}
+	f.allNext, f.allPrev, f.srcNext, f.srcPrev, f.keyNext, f.keyPrev = nil, nil, nil, nil, nil, nil
+}
+
+// findUnexpected returns the earliest unexpected message matching (src, tag).
+func (m *matchState) findUnexpected(src, tag int) *frag {
+	switch {
+	case src != AnySource && tag != AnyTag:
+		if l := m.uKey[key{int32(src), int32(tag)}]; l != nil {
+			return l.head
+		}
+	case src != AnySource:
+		for f := m.uSrc[src].head; f != nil; f = f.srcNext {
+			if f.m.Tag >= 0 {
+				return f
+			}
+		}
+	default:
+		for f := m.uAll.head; f != nil; f = f.allNext {
+			if tagMatches(tag, int(f.m.Tag)) {
+				return f
+			}
+		}
+	}
+	return nil
+}

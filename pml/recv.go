@@ -1,0 +1,686 @@
+package pml
+
+import (
+	"context"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/pml/hdr"
+)
+
+// ---- inbound matching fragments ----
+
+// onMatching handles MATCH, RNDV and RGET: admission in sequence order,
+// then matching against posted receives.
+func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
+	var f frag
+	f.typ = hdr.Type(b[0])
+	switch f.typ {
+	case hdr.TypeMatch:
+		m, _, err := hdr.DecodeMatch(b)
+		if err != nil {
+			e.protocolError(ep, "%v", err)
+			return
+		}
+		f.m, f.msgLen = m, len(data)
+	case hdr.TypeRndv:
+		h, _, err := hdr.DecodeRndv(b)
+		if err != nil {
+			e.protocolError(ep, "%v", err)
+			return
+		}
+		if h.MsgLen > 1<<62 || uint64(len(data)) > h.MsgLen {
+			e.protocolError(ep, "RNDV carries %d bytes of a %d-byte message", len(data), h.MsgLen)
+			return
+		}
+		f.m, f.msgLen, f.srcReq = h.Match, int(h.MsgLen), h.SrcReq
+	case hdr.TypeRget:
+		h, _, err := hdr.DecodeRget(b)
+		if err != nil {
+			e.protocolError(ep, "%v", err)
+			return
+		}
+		if h.MsgLen > 1<<62 || len(data) != 0 {
+			e.protocolError(ep, "malformed RGET")
+			return
+		}
+		f.m, f.msgLen, f.srcReq, f.handle = h.Match, int(h.MsgLen), h.SrcReq, h.Handle
+	}
+	f.data = data
+	f.peer = e.peers[ep.Peer()]
+	if f.peer == nil {
+		e.protocolError(ep, "fragment from a rank without a transport")
+		return
+	}
+
+	e.mu.Lock()
+	if e.closed != nil {
+		e.mu.Unlock()
+		return
+	}
+	c := e.comms[f.m.Ctx]
+	if c == nil {
+		// The communicator does not exist here yet (a peer finished Dup
+		// first): keep the fragment until NewComm.
+		e.parked = append(e.parked, e.copyFrag(&f))
+		e.mu.Unlock()
+		return
+	}
+	if int(f.m.Src) < 0 || int(f.m.Src) >= len(c.group) || c.group[f.m.Src] != ep.Peer() {
+		e.mu.Unlock()
+		e.protocolError(ep, "source rank %d does not belong to rank %d in context %d", f.m.Src, ep.Peer(), f.m.Ctx)
+		return
+	}
+	e.arrive(c, &f, false)
+	start := len(e.toStart) > 0
+	e.mu.Unlock()
+	if start {
+		e.runStarts()
+	}
+}
+
+// arrive admits f in sequence order (parking early arrivals) and matches
+// it and any out-of-sequence fragments it unblocks. Called with e.mu held.
+func (e *Engine) arrive(c *Comm, f *frag, copied bool) {
+	ps := &c.seqs[f.m.Src]
+	if f.m.Seq != ps.expect {
+		if !copied {
+			f = e.copyFrag(f)
+		}
+		// Insert sorted by distance from the expected number (handles wrap-around).
+		d := int16(f.m.Seq - ps.expect)
+		pp := &ps.ooo
+		for *pp != nil && int16((*pp).m.Seq-ps.expect) < d {
+			pp = &(*pp).oooNext
+		}
+		f.oooNext = *pp
+		*pp = f
+		return
+	}
+	ps.expect++
+	e.match(c, f, copied)
+	for ps.ooo != nil && ps.ooo.m.Seq == ps.expect {
+		g := ps.ooo
+		ps.ooo = g.oooNext
+		g.oooNext = nil
+		ps.expect++
+		e.match(c, g, true)
+	}
+}
+
+// match delivers an in-sequence fragment to the earliest-posted matching
+// receive, completing probes on the way, or queues it as unexpected.
+func (e *Engine) match(c *Comm, f *frag, copied bool) {
+	src, tag := int(f.m.Src), int(f.m.Tag)
+	for {
+		r := c.m.findPosted(src, tag)
+		if r == nil {
+			if !copied {
+				f = e.copyFrag(f)
+			}
+			c.m.addUnexpected(f)
+			return
+		}
+		c.m.unpost(r)
+		switch r.kind {
+		case kindProbe:
+			r.complete(Status{Source: src, Tag: tag, Count: f.msgLen}, nil)
+			continue
+		case kindMprobe:
+			if !copied {
+				f = e.copyFrag(f)
+			}
+			r.frag = f
+			r.complete(Status{Source: src, Tag: tag, Count: f.msgLen}, nil)
+			return
+		}
+		e.deliver(r, f)
+		if copied {
+			e.freeFrag(f)
+		}
+		return
+	}
+}
+
+// deliver hands a matched message to receive r. Eager data is stored at
+// once; a rendezvous is queued to be started outside the lock. e.mu held.
+func (e *Engine) deliver(r *Request, f *frag) {
+	r.msgLen = f.msgLen
+	r.peerWorld = f.peer.world
+	r.ep = f.peer.ep
+	r.status = Status{Source: int(f.m.Src), Tag: int(f.m.Tag)}
+	capacity := r.buf.Len()
+	r.stored = min(f.msgLen, capacity)
+	e.Stats.Recvd.Add(1)
+	if f.typ == hdr.TypeMatch {
+		e.unpack(r, 0, f.data)
+		r.received = f.msgLen
+		e.finishRecvLocked(r)
+		return
+	}
+	r.srcReq = f.srcReq
+	r.flags = f.m.Flags
+	if f.typ == hdr.TypeRget {
+		r.handle = append(r.hbuf[:0], f.handle...)
+	} else {
+		e.unpack(r, 0, f.data)
+		r.received = len(f.data)
+	}
+	r.id = e.nextID
+	e.nextID++
+	e.reqs[r.id] = r
+	r.flags |= 0x80 // marks "RGET" below when typ is RGET
+	if f.typ != hdr.TypeRget {
+		r.flags &^= 0x80
+	}
+	e.toStart = append(e.toStart, r)
+}
+
+// unpack stores data at message offset off of r, clipped to the buffer.
+func (e *Engine) unpack(r *Request, off int, data []byte) {
+	if off >= r.stored {
+		return
+	}
+	data = data[:min(len(data), r.stored-off)]
+	if r.buf.Conv == nil {
+		copy(r.buf.Bytes[off:], data)
+		return
+	}
+	r.convMu.Lock()
+	r.buf.Conv.SetPosition(off)
+	r.buf.Conv.Unpack(data)
+	r.convMu.Unlock()
+}
+
+func (e *Engine) finishRecvLocked(r *Request) {
+	if r.mpiDone {
+		return
+	}
+	r.mpiDone = true
+	if r.id != 0 {
+		delete(e.reqs, r.id)
+	}
+	for _, reg := range r.regs {
+		reg.Release()
+	}
+	r.regs = nil
+	st := r.status
+	st.Count = r.stored
+	var err error
+	if r.msgLen > r.stored {
+		err = mpierr.Errorf(mpierr.ErrTruncate, "message of %d bytes from rank %d tag %d into a buffer of %d", r.msgLen, st.Source, st.Tag, r.stored)
+	}
+	r.complete(st, err)
+}
+
+func (e *Engine) checkRecvLocked(r *Request) {
+	if r.received >= r.msgLen && r.inflight == 0 {
+		e.finishRecvLocked(r)
+	}
+}
+
+// runStarts starts matched rendezvous receives (outside the lock).
+func (e *Engine) runStarts() {
+	for {
+		e.mu.Lock()
+		n := len(e.toStart)
+		if n == 0 {
+			e.mu.Unlock()
+			return
+		}
+		r := e.toStart[n-1]
+		e.toStart[n-1] = nil
+		e.toStart = e.toStart[:n-1]
+		e.mu.Unlock()
+		e.startRecv(r)
+	}
+}
+
+func (e *Engine) sendAck(r *Request, off, size int, flags uint8) {
+	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
+	h := hdr.Ack{Flags: flags, SrcReq: r.srcReq, DstReq: r.id, SendOffset: uint64(off), SendSize: uint64(size)}
+	n := h.Encode(hb[:])
+	if err := r.ep.SendImmediate(btl.Tag(hdr.TypeAck), hb[:n], nil); err != nil {
+		if _, err := r.ep.Send(btl.Tag(hdr.TypeAck), hb[:n], nil, func(error) {}); err != nil {
+			e.PeerFailed(r.peerWorld, err)
+		}
+	}
+	hdrPool.Put(hb)
+}
+
+// startRecv runs the receiver's side of a matched RNDV or RGET (notes A.5).
+func (e *Engine) startRecv(r *Request) {
+	p := e.peers[r.peerWorld]
+	contig := r.buf.Conv == nil && r.stored == r.msgLen
+	if r.flags&0x80 != 0 { // RGET
+		if !contig || p.caps&btl.CapGet == 0 || e.force == ForceSendPipeline {
+			e.sendAck(r, 0, 0, hdr.FlagNoRDMA)
+			return
+		}
+		e.getAll(r, p)
+		return
+	}
+	choice := Choose(RecvInfo{MsgLen: r.msgLen, Received: r.received, Flags: r.flags, Contiguous: contig, Caps: p.caps, Limits: p.lim, Force: e.force})
+	switch choice {
+	case RecvDirectPut:
+		e.mu.Lock()
+		r.ranges = append(r.ranges[:0], span{r.received, r.msgLen - r.received})
+		e.mu.Unlock()
+		e.schedPutsFirst(r, true, r.msgLen-r.received)
+		return
+	case RecvRDMAPipeline:
+		sendOff := max(r.received, r.msgLen-p.lim.RDMAPipelineSendLength)
+		e.mu.Lock()
+		if sendOff > r.received {
+			r.ranges = append(r.ranges[:0], span{r.received, sendOff - r.received})
+		}
+		e.mu.Unlock()
+		if sendOff < r.msgLen {
+			e.sendAck(r, sendOff, 0, 0)
+			e.schedPutsFirst(r, false, p.lim.RDMAPipelineFragSize)
+		} else {
+			e.schedPutsFirst(r, true, p.lim.RDMAPipelineFragSize)
+		}
+		return
+	}
+	// Copy pipeline (also: everything already arrived; the ACK tells the
+	// sender we matched, which completes a synchronous send).
+	e.sendAck(r, r.received, 0, hdr.FlagNoRDMA)
+	e.mu.Lock()
+	e.checkRecvLocked(r)
+	e.mu.Unlock()
+}
+
+// getAll reads the whole message with RDMA gets (RDMA direct get).
+func (e *Engine) getAll(r *Request, p *peer) {
+	chunk := r.msgLen
+	if l := p.lim.MaxRDMASize; l > 0 {
+		chunk = l
+	}
+	if r.msgLen == 0 {
+		e.sendFin(r.ep, r.srcReq, 0, 0)
+		e.mu.Lock()
+		e.checkRecvLocked(r)
+		e.mu.Unlock()
+		return
+	}
+	handle := r.handle
+	for off := 0; off < r.msgLen; off += chunk {
+		off, n := off, min(chunk, r.msgLen-off)
+		e.mu.Lock()
+		r.inflight++
+		e.mu.Unlock()
+		finish := func(err error) {
+			if err != nil {
+				// Ask the sender to copy this range instead.
+				e.sendFin(r.ep, r.srcReq, off, -1)
+				e.sendAck(r, off, n, hdr.FlagNoRDMA)
+				e.mu.Lock()
+				r.inflight--
+				e.mu.Unlock()
+				return
+			}
+			e.sendFin(r.ep, r.srcReq, off, n)
+			e.mu.Lock()
+			r.inflight--
+			r.received += n
+			e.checkRecvLocked(r)
+			e.mu.Unlock()
+		}
+		done, err := r.ep.Get(r.buf.Bytes[off:off+n], handle, off, finish)
+		if err != nil {
+			finish(err)
+		} else if done {
+			finish(nil)
+		}
+	}
+}
+
+// schedPutsFirst starts the PUT pipeline; ack says whether the first PUT
+// stands for the ACK (no ACK was sent), fragSize bounds each PUT.
+func (e *Engine) schedPutsFirst(r *Request, ack bool, fragSize int) {
+	e.mu.Lock()
+	r.acked = !ack // on the receive side: "an ACK or ACK-carrying PUT went out"
+	r.delivered = max(1, fragSize)
+	if len(r.ranges) == 0 {
+		e.checkRecvLocked(r)
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	e.schedPuts(r)
+}
+
+// schedPuts keeps up to pml_recv_pipeline_depth PUT requests in flight.
+func (e *Engine) schedPuts(r *Request) {
+	if r.sched.Add(1) != 1 {
+		return
+	}
+	for {
+		e.sendPuts(r)
+		if r.sched.Add(-1) == 0 {
+			return
+		}
+	}
+}
+
+func (e *Engine) sendPuts(r *Request) {
+	mod := r.ep.Module()
+	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
+	defer hdrPool.Put(hb)
+	for {
+		e.mu.Lock()
+		if r.mpiDone || len(r.ranges) == 0 || r.inflight >= e.recvDepth {
+			e.mu.Unlock()
+			return
+		}
+		sp := &r.ranges[0]
+		off, n := sp.off, min(sp.n, r.delivered)
+		sp.off += n
+		sp.n -= n
+		if sp.n == 0 {
+			r.ranges = r.ranges[1:]
+		}
+		flags := uint8(0)
+		if !r.acked {
+			flags = hdr.FlagAck
+			r.acked = true
+		}
+		r.inflight++
+		e.mu.Unlock()
+		reg, err := mod.Register(r.buf.Bytes[off:off+n], btl.AccessRemoteWrite|btl.AccessLocalWrite)
+		if err != nil || len(reg.Handle()) > hdr.MaxHandle {
+			// Cannot register: ask for this range by copy.
+			e.mu.Lock()
+			r.inflight--
+			e.mu.Unlock()
+			e.sendAck(r, off, n, hdr.FlagNoRDMA)
+			continue
+		}
+		e.mu.Lock()
+		if r.regs == nil {
+			r.regs = map[uint64]btl.Registration{}
+		}
+		r.regs[uint64(off)] = reg
+		e.mu.Unlock()
+		h := hdr.Put{Flags: flags, SrcReq: r.srcReq, DstReq: r.id, Offset: uint64(off), Size: uint64(n), Handle: reg.Handle()}
+		l := h.Encode(hb[:])
+		if _, err := r.ep.Send(btl.Tag(hdr.TypePut), hb[:l], nil, func(error) {}); err != nil {
+			e.PeerFailed(r.peerWorld, err)
+			return
+		}
+	}
+}
+
+// finPutLocked accounts a FIN for the PUT at off (n < 0: it failed and the
+// range will come by FRAGs).
+func (e *Engine) finPutLocked(r *Request, off, n int) {
+	if reg := r.regs[uint64(off)]; reg != nil {
+		reg.Release()
+		delete(r.regs, uint64(off))
+	}
+	r.inflight--
+	if n > 0 {
+		r.received += n
+	}
+	e.checkRecvLocked(r)
+}
+
+// onFrag stores a FRAG's bytes.
+func (e *Engine) onFrag(ep btl.Endpoint, b, data []byte) {
+	h, _, err := hdr.DecodeFrag(b)
+	if err != nil {
+		e.protocolError(ep, "%v", err)
+		return
+	}
+	e.mu.Lock()
+	r := e.reqs[h.DstReq]
+	if r == nil || r.kind != kindRecv || r.peerWorld != ep.Peer() || r.srcReq != h.SrcReq {
+		e.mu.Unlock()
+		e.protocolError(ep, "FRAG for unknown receive %d", h.DstReq)
+		return
+	}
+	if h.Offset > uint64(r.msgLen) || uint64(len(data)) > uint64(r.msgLen)-h.Offset {
+		e.mu.Unlock()
+		e.protocolError(ep, "FRAG [%d,+%d) beyond a message of %d bytes", h.Offset, len(data), r.msgLen)
+		return
+	}
+	e.mu.Unlock()
+	e.unpack(r, int(h.Offset), data)
+	e.mu.Lock()
+	r.received += len(data)
+	e.checkRecvLocked(r)
+	e.mu.Unlock()
+}
+
+// ---- fragment storage ----
+
+// copyFrag copies f (whose slices alias a transport's buffer) for storage.
+func (e *Engine) copyFrag(f *frag) *frag {
+	g := new(frag)
+	*g = *f
+	g.data = append([]byte(nil), f.data...)
+	g.handle = append([]byte(nil), f.handle...)
+	return g
+}
+
+func (e *Engine) freeFrag(*frag) {}
+
+// ---- receives ----
+
+func (c *Comm) check() error {
+	if c.freed.Load() {
+		return mpierr.Errorf(mpierr.ErrComm, "communicator freed")
+	}
+	if err := c.e.closed; err != nil {
+		return err
+	}
+	return nil
+}
+
+// Irecv posts a receive into buf from communicator rank src (or AnySource)
+// with tag (or AnyTag). The caller validated src and tag.
+func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
+	r := newReq(false)
+	if err := c.postRecv(r, buf, src, tag, kindRecv); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Recv is a blocking receive; it allocates nothing for an eager message.
+func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
+	r := newReq(true)
+	if err := c.postRecv(r, buf, src, tag, kindRecv); err != nil {
+		recycle(r)
+		return Status{}, err
+	}
+	c.e.Wait(nil, r)
+	st, err := r.status, r.err
+	recycle(r)
+	return st, err
+}
+
+func (c *Comm) postRecv(r *Request, buf Buffer, src, tag int, kind reqKind) error {
+	e := c.e
+	r.kind, r.comm, r.peer, r.tag, r.buf = kind, c, src, tag, buf
+	e.mu.Lock()
+	if err := c.check(); err != nil {
+		e.mu.Unlock()
+		return err
+	}
+	if src != AnySource {
+		if p := e.peers[c.group[src]]; p != nil && p.failed != nil {
+			e.mu.Unlock()
+			return p.failed
+		}
+	}
+	if f := c.m.findUnexpected(src, tag); f != nil {
+		switch kind {
+		case kindProbe:
+			r.complete(Status{Source: int(f.m.Src), Tag: int(f.m.Tag), Count: f.msgLen}, nil)
+		case kindMprobe:
+			c.m.removeUnexpected(f)
+			r.frag = f
+			r.complete(Status{Source: int(f.m.Src), Tag: int(f.m.Tag), Count: f.msgLen}, nil)
+		default:
+			c.m.removeUnexpected(f)
+			e.deliver(r, f)
+			e.freeFrag(f)
+		}
+	} else {
+		c.m.post(r)
+	}
+	start := len(e.toStart) > 0
+	e.mu.Unlock()
+	if start {
+		e.runStarts()
+	}
+	return nil
+}
+
+// Iprobe reports whether a message matching (src, tag) can be received,
+// without receiving it.
+func (c *Comm) Iprobe(src, tag int) (Status, bool, error) {
+	e := c.e
+	e.Progress()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := c.check(); err != nil {
+		return Status{}, false, err
+	}
+	if f := c.m.findUnexpected(src, tag); f != nil {
+		return Status{Source: int(f.m.Src), Tag: int(f.m.Tag), Count: f.msgLen}, true, nil
+	}
+	return Status{}, false, nil
+}
+
+// Probe blocks until a message matching (src, tag) can be received.
+func (c *Comm) Probe(ctx context.Context, src, tag int) (Status, error) {
+	r := newReq(true)
+	defer recycle(r)
+	if err := c.postRecv(r, Buffer{}, src, tag, kindProbe); err != nil {
+		return Status{}, err
+	}
+	if err := c.e.Wait(ctx, r); err != nil {
+		c.Cancel(r)
+		return Status{}, err
+	}
+	return r.status, r.err
+}
+
+// Improbe is a matched probe: a matching message is removed from matching
+// and returned as a request to receive with Mrecv. ok is false when there
+// is none now.
+func (c *Comm) Improbe(src, tag int) (*Request, Status, bool, error) {
+	e := c.e
+	e.Progress()
+	e.mu.Lock()
+	if err := c.check(); err != nil {
+		e.mu.Unlock()
+		return nil, Status{}, false, err
+	}
+	f := c.m.findUnexpected(src, tag)
+	if f == nil {
+		e.mu.Unlock()
+		return nil, Status{}, false, nil
+	}
+	c.m.removeUnexpected(f)
+	e.mu.Unlock()
+	r := newReq(false)
+	r.kind, r.comm, r.frag = kindMprobe, c, f
+	st := Status{Source: int(f.m.Src), Tag: int(f.m.Tag), Count: f.msgLen}
+	r.complete(st, nil)
+	return r, st, true, nil
+}
+
+// Mprobe blocks until a matching message arrives and removes it from matching.
+func (c *Comm) Mprobe(ctx context.Context, src, tag int) (*Request, Status, error) {
+	r := newReq(false)
+	if err := c.postRecv(r, Buffer{}, src, tag, kindMprobe); err != nil {
+		return nil, Status{}, err
+	}
+	if err := c.e.Wait(ctx, r); err != nil {
+		if c.Cancel(r) {
+			return nil, Status{}, err
+		}
+		c.e.Wait(nil, r) // matched meanwhile: the message is ours
+	}
+	if r.err != nil {
+		return nil, Status{}, r.err
+	}
+	return r, r.status, nil
+}
+
+// Mrecv receives the message a matched probe returned into buf.
+func (c *Comm) Mrecv(m *Request, buf Buffer) (*Request, error) {
+	if m == nil || m.kind != kindMprobe || m.frag == nil {
+		return nil, mpierr.Errorf(mpierr.ErrArg, "message already received or not from a matched probe")
+	}
+	e := c.e
+	r := newReq(false)
+	r.kind, r.comm, r.buf, r.peer, r.tag = kindRecv, c, buf, int(m.frag.m.Src), int(m.frag.m.Tag)
+	f := m.frag
+	m.frag = nil
+	e.mu.Lock()
+	e.deliver(r, f)
+	start := len(e.toStart) > 0
+	e.mu.Unlock()
+	if start {
+		e.runStarts()
+	}
+	return r, nil
+}
+
+// Cancel cancels a receive or probe that has not matched yet; true if it
+// took effect (the request is then complete with Status.Cancelled). Sends
+// are never cancelled (false).
+func (c *Comm) Cancel(r *Request) bool {
+	if r == nil || r.kind == kindSend {
+		return false
+	}
+	e := c.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if r.Done() || !c.m.unpost(r) {
+		return false
+	}
+	r.mpiDone = true
+	r.complete(Status{Source: r.peer, Tag: r.tag, Cancelled: true}, nil)
+	return true
+}
+
+// ---- failure draining (e.mu held) ----
+
+func (m *matchState) drainList(l *reqList, out []*Request) []*Request {
+	for r := l.head; r != nil; {
+		next := r.next
+		l.remove(r)
+		out = append(out, r)
+		r = next
+	}
+	return out
+}
+
+// drainPosted removes every posted request.
+func (m *matchState) drainPosted(out []*Request) []*Request {
+	for _, l := range m.specific {
+		out = m.drainList(l, out)
+	}
+	for i := range m.srcAny {
+		out = m.drainList(&m.srcAny[i], out)
+	}
+	return m.drainList(&m.wild, out)
+}
+
+// drainSource removes the posted requests that can only (or also) match
+// source src: specific ones and wildcards.
+func (m *matchState) drainSource(src int, out []*Request) []*Request {
+	for k, l := range m.specific {
+		if int(k.src) == src {
+			out = m.drainList(l, out)
+		}
+	}
+	out = m.drainList(&m.srcAny[src], out)
+	return m.drainList(&m.wild, out)
+}

@@ -1,0 +1,262 @@
+package pml
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gompi-org/gompi/btl"
+)
+
+// Convertor walks typed, possibly non-contiguous user memory as a packed
+// byte stream (implemented by *convertor.Convertor).
+type Convertor interface {
+	Size() int
+	Position() int
+	SetPosition(pos int) int
+	Pack(dst []byte) int
+	Unpack(src []byte) int
+}
+
+// Buffer is the memory of one message: Bytes when the packed stream is one
+// contiguous block (Conv nil), else Conv. The PML owns neither; the caller
+// keeps it valid and untouched until the request completes.
+type Buffer struct {
+	Bytes []byte
+	Conv  Convertor
+}
+
+// Len is the packed size.
+func (b *Buffer) Len() int {
+	if b.Conv != nil {
+		return b.Conv.Size()
+	}
+	return len(b.Bytes)
+}
+
+// Status describes a completed request.
+type Status struct {
+	Source    int // communicator rank of the sender
+	Tag       int
+	Count     int // bytes received (stored) or sent
+	Cancelled bool
+}
+
+type reqKind uint8
+
+const (
+	kindSend reqKind = iota
+	kindRecv
+	kindProbe  // completes on a match, leaves the message
+	kindMprobe // completes on a match, takes the message
+)
+
+// Request is one send, receive or probe. Its result fields are written by
+// the engine before done is set and read by the owner only after.
+type Request struct {
+	kind reqKind
+	done atomic.Uint32
+	w    atomic.Pointer[waiter]
+
+	// result, valid once done
+	status Status
+	err    error
+
+	// immutable after start
+	comm    *Comm
+	peer    int // communicator rank: destination (send) or posted source (recv)
+	tag     int
+	buf     Buffer
+	mode    Mode
+	proto   Protocol
+	id      uint64
+	release func() // Bsend: return the attached-buffer space at PML completion
+	owned   bool   // blocking call: pooled, recycled after Wait
+
+	// matching (guarded by Engine.mu)
+	postSeq    uint64
+	next, prev *Request
+	list       *reqList
+	frag       *frag // Mprobe: the matched message
+
+	// protocol state (guarded by Engine.mu unless noted)
+	ep        btl.Endpoint
+	msgLen    int // send: packed size; recv: sender's size
+	received  int // recv: bytes that arrived (counted up to msgLen)
+	stored    int // recv: bytes that fit (min(msgLen, capacity))
+	delivered int // send: bytes known delivered
+	acked     bool
+	dstReq    uint64 // send: receiver's request id
+	srcReq    uint64 // recv: sender's request id
+	inflight  int    // send: FRAGs in flight; recv: PUTs in flight
+	ranges    []span // send: copy ranges still to send; recv: PUT ranges still to request
+	reg       btl.Registration
+	regs      map[uint64]btl.Registration // recv: per-PUT registrations by offset
+	sched     atomic.Int32                 // ob1's req_lock: one scheduler at a time
+	convMu    sync.Mutex                   // serializes the convertor (non-contiguous buffers)
+	pmlDone   bool                         // send: protocol finished (Bsend completes MPI-level earlier)
+	mpiDone   bool
+	peerWorld int
+	flags     uint8  // recv: flags of the matched RNDV/RGET
+	handle    []byte // recv: the RGET's registration handle (copied)
+	hbuf      [48]byte
+}
+
+type span struct{ off, n int }
+
+// Done reports whether the request completed.
+func (r *Request) Done() bool { return r.done.Load() != 0 }
+
+// Result returns the status and error; valid once Done.
+func (r *Request) Result() (Status, error) { return r.status, r.err }
+
+// Kind helpers for the mpi layer.
+func (r *Request) IsRecv() bool { return r.kind == kindRecv }
+
+type waiter struct{ ch chan struct{} }
+
+var waiterPool = sync.Pool{New: func() any { return &waiter{ch: make(chan struct{}, 1)} }}
+
+// complete publishes the result and wakes a waiter. Called once.
+func (r *Request) complete(st Status, err error) {
+	r.status, r.err = st, err
+	r.done.Store(1)
+	if w := r.w.Load(); w != nil {
+		select {
+		case w.ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Wait blocks until r completes: it spins for up to spin (yielding the
+// processor between checks, and polling the engine's polled transports),
+// then parks. ctx may be nil.
+func (e *Engine) Wait(ctx context.Context, r *Request) error {
+	if r.Done() {
+		return nil
+	}
+	if e.spinWait(func() bool { return r.Done() }) {
+		return nil
+	}
+	w := waiterPool.Get().(*waiter)
+	defer func() {
+		r.w.Store(nil)
+		select { // drop a late wake-up so the pooled waiter starts clean
+		case <-w.ch:
+		default:
+		}
+		waiterPool.Put(w)
+	}()
+	r.w.Store(w)
+	var done <-chan struct{}
+	if ctx != nil {
+		done = ctx.Done()
+	}
+	for !r.Done() {
+		if e.poll.active() {
+			e.poll.block(w.ch, done)
+			continue
+		}
+		select {
+		case <-w.ch:
+		case <-done:
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// WaitAny blocks until one of reqs (nil entries skipped) is done and
+// returns its index, or -1 when none is left.
+func (e *Engine) WaitAny(reqs []*Request) int {
+	find := func() int {
+		for i, r := range reqs {
+			if r != nil && r.Done() {
+				return i
+			}
+		}
+		return -1
+	}
+	live := false
+	for _, r := range reqs {
+		live = live || r != nil
+	}
+	if !live {
+		return -1
+	}
+	if i := find(); i >= 0 {
+		return i
+	}
+	found := -1
+	e.spinWait(func() bool { found = find(); return found >= 0 })
+	if found >= 0 {
+		return found
+	}
+	w := waiterPool.Get().(*waiter)
+	for _, r := range reqs {
+		if r != nil {
+			r.w.Store(w)
+		}
+	}
+	defer func() {
+		for _, r := range reqs {
+			if r != nil {
+				r.w.CompareAndSwap(w, nil)
+			}
+		}
+		select {
+		case <-w.ch:
+		default:
+		}
+		waiterPool.Put(w)
+	}()
+	for {
+		if i := find(); i >= 0 {
+			return i
+		}
+		if e.poll.active() {
+			e.poll.block(w.ch, nil)
+		} else {
+			<-w.ch
+		}
+	}
+}
+
+// spinWait checks cond while spinning for the configured time; true if it held.
+func (e *Engine) spinWait(cond func() bool) bool {
+	if e.spin <= 0 {
+		e.poll.progress()
+		return cond()
+	}
+	start := time.Now()
+	for i := 0; ; i++ {
+		if e.poll.progress() == 0 {
+			if i&15 == 15 {
+				runtime.Gosched()
+			}
+		}
+		if cond() {
+			return true
+		}
+		if i&63 == 63 && time.Since(start) > e.spin {
+			return false
+		}
+	}
+}
+
+// reset clears every field for reuse from the pool.
+func (r *Request) reset() {
+	r.done.Store(0)
+	r.w.Store(nil)
+	r.sched.Store(0)
+	r.kind, r.status, r.err = 0, Status{}, nil
+	r.comm, r.peer, r.tag, r.buf, r.mode, r.proto, r.id, r.release = nil, 0, 0, Buffer{}, 0, 0, 0, nil
+	r.postSeq, r.next, r.prev, r.list, r.frag = 0, nil, nil, nil, nil
+	r.ep, r.msgLen, r.received, r.stored, r.delivered, r.acked = nil, 0, 0, 0, 0, false
+	r.dstReq, r.srcReq, r.inflight, r.ranges, r.reg, r.regs = 0, 0, 0, r.ranges[:0], nil, nil
+	r.pmlDone, r.mpiDone, r.peerWorld, r.flags, r.handle = false, false, 0, 0, nil
+	r.owned = true
+}

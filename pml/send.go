@@ -1,0 +1,520 @@
+package pml
+
+import (
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/pml/hdr"
+)
+
+// Isend starts a send of buf to communicator rank dest. release, if not
+// nil, is called once the PML no longer needs buf (buffered mode: buf is
+// then the packed copy in the attached buffer and the request completes at
+// once). The caller validated dest and tag.
+func (c *Comm) Isend(buf Buffer, dest, tag int, mode Mode, release func()) (*Request, error) {
+	r := newReq(false)
+	if err := c.startSend(r, buf, dest, tag, mode, release); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Send is a blocking send. It allocates nothing when the message goes
+// eagerly and completes during the call.
+func (c *Comm) Send(buf Buffer, dest, tag int, mode Mode) error {
+	e := c.e
+	if done, err := c.trySendNow(buf, dest, tag, mode); done || err != nil {
+		return err
+	}
+	r := newReq(true)
+	if err := c.startSend(r, buf, dest, tag, mode, nil); err != nil {
+		recycle(r)
+		return err
+	}
+	e.Wait(nil, r)
+	err := r.err
+	recycle(r)
+	return err
+}
+
+func (c *Comm) target(dest int) (*peer, error) {
+	e := c.e
+	p := e.peers[c.group[dest]]
+	if p == nil || p.ep == nil {
+		return nil, mpierr.Errorf(mpierr.ErrProcFailed, "no transport reaches rank %d", dest)
+	}
+	if err := p.failed; err != nil {
+		return nil, err
+	}
+	if e.closed != nil {
+		return nil, e.closed
+	}
+	return p, nil
+}
+
+// trySendNow sends a small standard-mode message without a request when
+// the transport takes it at once. done reports whether it was sent.
+func (c *Comm) trySendNow(buf Buffer, dest, tag int, mode Mode) (bool, error) {
+	if mode == Synchronous || mode == Buffered || buf.Conv != nil {
+		return false, nil
+	}
+	p, err := c.target(dest)
+	if err != nil {
+		return false, err
+	}
+	e := c.e
+	proto := Select(SendInfo{Mode: mode, Size: len(buf.Bytes), Contiguous: true, Caps: p.caps, Limits: p.lim, LeavePinned: e.leavePinned, Force: e.force})
+	if !proto.Eager() || proto == EagerAllocated {
+		return false, nil
+	}
+	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
+	m := hdr.Match{Seq: uint16(c.seqs[dest].send.Add(1) - 1), Ctx: c.ctx, Src: int32(c.rank), Tag: int32(tag)}
+	n := m.Encode(hb[:])
+	if proto == EagerImmediate {
+		err = p.ep.SendImmediate(btl.Tag(hdr.TypeMatch), hb[:n], buf.Bytes)
+		if err == nil {
+			hdrPool.Put(hb)
+			e.count(EagerImmediate, len(buf.Bytes))
+			return true, nil
+		}
+	}
+	// Prepared: from the user buffer; a blocking send may wait for it.
+	r := newReq(true)
+	r.kind, r.comm, r.peer, r.tag, r.buf, r.mode, r.proto = kindSend, c, dest, tag, buf, mode, EagerPrepared
+	r.msgLen, r.peerWorld, r.ep = len(buf.Bytes), p.world, p.ep
+	done, err := c.sendEager(r, p, hb[:n])
+	hdrPool.Put(hb)
+	if err == nil && !done {
+		e.Wait(nil, r)
+		err = r.err
+	}
+	recycle(r)
+	return true, err
+}
+
+func (e *Engine) count(p Protocol, n int) {
+	e.Stats.Sent[p].Add(1)
+	e.Stats.Bytes[p].Add(int64(n))
+}
+
+// startSend runs the sender's side of the chosen protocol up to the first
+// fragment.
+func (c *Comm) startSend(r *Request, buf Buffer, dest, tag int, mode Mode, release func()) error {
+	e := c.e
+	p, err := c.target(dest)
+	if err != nil {
+		return err
+	}
+	size := buf.Len()
+	contig := buf.Conv == nil
+	proto := Select(SendInfo{Mode: mode, Size: size, Contiguous: contig, Caps: p.caps, Limits: p.lim, LeavePinned: e.leavePinned, Force: e.force})
+	r.kind, r.comm, r.peer, r.tag, r.buf, r.mode, r.proto, r.release = kindSend, c, dest, tag, buf, mode, proto, release
+	r.msgLen, r.peerWorld, r.ep = size, p.world, p.ep
+	seq := uint16(c.seqs[dest].send.Add(1) - 1)
+	m := hdr.Match{Seq: seq, Ctx: c.ctx, Src: int32(c.rank), Tag: int32(tag)}
+	e.count(proto, size)
+	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
+	defer hdrPool.Put(hb)
+
+	if proto.Eager() {
+		if proto == EagerImmediate {
+			n := m.Encode(hb[:])
+			var data []byte
+			var tmp [ImmediateMax]byte
+			if contig {
+				data = buf.Bytes
+			} else {
+				buf.Conv.SetPosition(0)
+				data = tmp[:buf.Conv.Pack(tmp[:size])]
+			}
+			if p.ep.SendImmediate(btl.Tag(hdr.TypeMatch), hb[:n], data) == nil {
+				e.finishSend(r, nil)
+				return nil
+			}
+			proto = EagerAllocated
+			if contig && size > 0 && p.caps&btl.CapSendInPlace != 0 {
+				proto = EagerPrepared
+			}
+			r.proto = proto
+		}
+		done, err := c.sendEager(r, p, hb[:m.Encode(hb[:])])
+		if err != nil {
+			return err
+		}
+		if done {
+			e.finishSend(r, nil)
+		}
+		return nil
+	}
+
+	// Rendezvous: the request must be findable before the peer can answer.
+	e.mu.Lock()
+	r.id = e.nextID
+	e.nextID++
+	e.reqs[r.id] = r
+	e.mu.Unlock()
+	if mode == Buffered && release != nil {
+		// The data lives in the attached buffer now: complete at MPI level.
+		r.mpiDone = true
+		r.complete(Status{Source: dest, Tag: tag, Count: size}, nil)
+	}
+
+	switch proto {
+	case RDMADirectGet:
+		reg, err := p.ep.Module().Register(buf.Bytes, btl.AccessRemoteRead)
+		if err == nil {
+			r.reg = reg
+			h := hdr.Rget{Match: m, MsgLen: uint64(size), SrcReq: r.id, Handle: reg.Handle()}
+			h.Flags = hdr.FlagContig
+			n := h.Encode(hb[:])
+			return e.sendCtl(r, p.ep, hdr.TypeRget, hb[:n])
+		}
+		// Registration failed: fall back to a plain rendezvous.
+		r.proto = SendPipeline
+		proto = SendPipeline
+	case RDMADirectPut:
+		h := hdr.Rndv{Match: m, MsgLen: uint64(size), SrcReq: r.id}
+		h.Flags = hdr.FlagContig | hdr.FlagPin
+		if mode == Synchronous {
+			h.Flags |= hdr.FlagSync
+		}
+		n := h.Encode(hb[:])
+		return e.sendCtl(r, p.ep, hdr.TypeRndv, hb[:n])
+	}
+	// RNDV with a first chunk: send pipeline, RDMA pipeline, buffered, synchronous.
+	h := hdr.Rndv{Match: m, MsgLen: uint64(size), SrcReq: r.id}
+	if contig && proto == RDMAPipeline {
+		h.Flags |= hdr.FlagContig
+	}
+	if mode == Synchronous {
+		h.Flags |= hdr.FlagSync
+	}
+	n := h.Encode(hb[:])
+	first := min(size, FirstChunk(p.lim))
+	return e.sendChunk(r, p, hdr.TypeRndv, hb[:n], 0, first)
+}
+
+// sendEager sends the MATCH fragment of an eager message (prepared or allocated).
+func (c *Comm) sendEager(r *Request, p *peer, h []byte) (bool, error) {
+	e := c.e
+	size := r.buf.Len()
+	cb := func(err error) { e.finishSend(r, err) }
+	if r.proto == EagerPrepared {
+		return p.ep.Send(btl.Tag(hdr.TypeMatch), h, r.buf.Bytes, cb)
+	}
+	b, err := p.ep.Alloc(len(h) + size)
+	if err != nil {
+		b = make([]byte, len(h)+size)
+		copy(b, h)
+		e.pack(r, b[len(h):], 0)
+		return p.ep.Send(btl.Tag(hdr.TypeMatch), b[:len(h)], b[len(h):], cb)
+	}
+	copy(b, h)
+	e.pack(r, b[len(h):], 0)
+	return p.ep.SendAlloc(btl.Tag(hdr.TypeMatch), b, len(h), cb)
+}
+
+// pack copies message bytes [off, off+len(dst)) into dst; returns bytes packed.
+func (e *Engine) pack(r *Request, dst []byte, off int) int {
+	if r.buf.Conv == nil {
+		return copy(dst, r.buf.Bytes[off:])
+	}
+	r.convMu.Lock()
+	defer r.convMu.Unlock()
+	if r.buf.Conv.SetPosition(off) != off {
+		// Only possible mid-element; our offsets are element boundaries.
+		return 0
+	}
+	return r.buf.Conv.Pack(dst)
+}
+
+// sendCtl sends a header-only fragment that belongs to send request r.
+func (e *Engine) sendCtl(r *Request, ep btl.Endpoint, t hdr.Type, h []byte) error {
+	e.mu.Lock()
+	r.inflight++
+	e.mu.Unlock()
+	done, err := ep.Send(btl.Tag(t), h, nil, func(err error) { e.sendDone(r, 0, err) })
+	if err != nil {
+		e.sendDone(r, 0, err)
+		return nil
+	}
+	if done {
+		e.sendDone(r, 0, nil)
+	}
+	return nil
+}
+
+// sendChunk sends header h followed by message bytes [off, off+n).
+func (e *Engine) sendChunk(r *Request, p *peer, t hdr.Type, h []byte, off, n int) error {
+	e.mu.Lock()
+	r.inflight++
+	e.mu.Unlock()
+	cb := func(err error) { e.sendDone(r, n, err) }
+	var done bool
+	var err error
+	if r.buf.Conv == nil && p.caps&btl.CapSendInPlace != 0 {
+		done, err = p.ep.Send(btl.Tag(t), h, r.buf.Bytes[off:off+n], cb)
+	} else {
+		var b []byte
+		b, err = p.ep.Alloc(len(h) + n)
+		if err != nil {
+			b = make([]byte, len(h)+n)
+		}
+		copy(b, h)
+		got := e.pack(r, b[len(h):], off)
+		if got != n {
+			// The convertor stopped early (element boundary); resend the rest later.
+			e.mu.Lock()
+			r.ranges = append([]span{{off + got, n - got}}, r.ranges...)
+			e.mu.Unlock()
+			n = got
+			b = b[:len(h)+n]
+		}
+		if err != nil {
+			done, err = p.ep.Send(btl.Tag(t), b[:len(h)], b[len(h):], cb)
+		} else {
+			done, err = p.ep.SendAlloc(btl.Tag(t), b, len(h), cb)
+		}
+	}
+	if err != nil {
+		e.sendDone(r, n, err)
+		return nil
+	}
+	if done {
+		e.sendDone(r, n, nil)
+	}
+	return nil
+}
+
+// sendDone accounts for a completed fragment of send request r carrying n
+// message bytes.
+func (e *Engine) sendDone(r *Request, n int, err error) {
+	e.mu.Lock()
+	r.inflight--
+	if err != nil {
+		e.failSendLocked(r, err)
+		e.mu.Unlock()
+		return
+	}
+	r.delivered += n
+	more := len(r.ranges) > 0
+	e.checkSendLocked(r)
+	e.mu.Unlock()
+	if more {
+		e.schedSend(r)
+	}
+}
+
+func (e *Engine) failSendLocked(r *Request, err error) {
+	if r.pmlDone {
+		return
+	}
+	r.pmlDone = true
+	delete(e.reqs, r.id)
+	if r.reg != nil {
+		r.reg.Release()
+		r.reg = nil
+	}
+	if r.release != nil {
+		r.release()
+	}
+	if !r.mpiDone {
+		r.mpiDone = true
+		r.complete(Status{Source: r.peer, Tag: r.tag}, err)
+	}
+}
+
+// checkSendLocked completes r when the protocol is finished.
+func (e *Engine) checkSendLocked(r *Request) {
+	if r.pmlDone || !r.acked || r.delivered < r.msgLen || r.inflight > 0 || len(r.ranges) > 0 {
+		return
+	}
+	r.pmlDone = true
+	delete(e.reqs, r.id)
+	if r.reg != nil {
+		r.reg.Release()
+		r.reg = nil
+	}
+	if r.release != nil {
+		r.release()
+	}
+	if !r.mpiDone {
+		r.mpiDone = true
+		r.complete(Status{Source: r.peer, Tag: r.tag, Count: r.msgLen}, nil)
+	}
+}
+
+// finishSend completes an eager send.
+func (e *Engine) finishSend(r *Request, err error) {
+	if r.release != nil {
+		r.release()
+	}
+	r.mpiDone, r.pmlDone = true, true
+	r.complete(Status{Source: r.peer, Tag: r.tag, Count: r.msgLen}, err)
+}
+
+// schedSend sends FRAGs for r's copy ranges, at most pml_send_pipeline_depth
+// in flight. Only one goroutine schedules a request at a time (ob1's
+// req_lock): others just ask the running one to loop again.
+func (e *Engine) schedSend(r *Request) {
+	if r.sched.Add(1) != 1 {
+		return
+	}
+	for {
+		e.sendFrags(r)
+		if r.sched.Add(-1) == 0 {
+			return
+		}
+	}
+}
+
+func (e *Engine) sendFrags(r *Request) {
+	p := e.peers[r.peerWorld]
+	maxData := max(1, p.lim.MaxSendSize-hdr.FragLen)
+	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
+	defer hdrPool.Put(hb)
+	for {
+		e.mu.Lock()
+		if r.pmlDone || len(r.ranges) == 0 || r.inflight >= e.depth {
+			e.mu.Unlock()
+			return
+		}
+		sp := &r.ranges[0]
+		off, n := sp.off, min(sp.n, maxData)
+		sp.off += n
+		sp.n -= n
+		if sp.n == 0 {
+			r.ranges = r.ranges[1:]
+		}
+		dst := r.dstReq
+		e.mu.Unlock()
+		h := hdr.Frag{Offset: uint64(off), SrcReq: r.id, DstReq: dst}
+		hl := h.Encode(hb[:])
+		e.sendChunk(r, p, hdr.TypeFrag, hb[:hl], off, n)
+	}
+}
+
+// onAck: the receiver matched and asks for bytes [off, off+size) by copy.
+func (e *Engine) onAck(ep btl.Endpoint, b, _ []byte) {
+	h, _, err := hdr.DecodeAck(b)
+	if err != nil {
+		e.protocolError(ep, "%v", err)
+		return
+	}
+	e.mu.Lock()
+	r := e.reqs[h.SrcReq]
+	if r == nil || r.kind != kindSend || r.peerWorld != ep.Peer() {
+		e.mu.Unlock()
+		e.protocolError(ep, "ACK for unknown send request %d", h.SrcReq)
+		return
+	}
+	off, size := int(h.SendOffset), int(h.SendSize)
+	if h.SendOffset > uint64(r.msgLen) || h.SendSize > uint64(r.msgLen) || off+size > r.msgLen {
+		e.mu.Unlock()
+		e.protocolError(ep, "ACK range [%d,+%d) beyond a message of %d bytes", h.SendOffset, h.SendSize, r.msgLen)
+		return
+	}
+	if size == 0 {
+		size = r.msgLen - off
+	}
+	r.acked = true
+	r.dstReq = h.DstReq
+	if size > 0 {
+		r.ranges = append(r.ranges, span{off, size})
+	}
+	if r.proto == RDMADirectGet && off == 0 && size == r.msgLen {
+		// The receiver declined the get: everything goes by copy.
+		r.delivered = 0
+	}
+	e.checkSendLocked(r)
+	e.mu.Unlock()
+	e.schedSend(r)
+}
+
+// onPut: the receiver asks for an RDMA write of [off, off+size) into handle.
+func (e *Engine) onPut(ep btl.Endpoint, b, _ []byte) {
+	h, _, err := hdr.DecodePut(b)
+	if err != nil {
+		e.protocolError(ep, "%v", err)
+		return
+	}
+	e.mu.Lock()
+	r := e.reqs[h.SrcReq]
+	if r == nil || r.kind != kindSend || r.peerWorld != ep.Peer() {
+		e.mu.Unlock()
+		e.protocolError(ep, "PUT for unknown send request %d", h.SrcReq)
+		return
+	}
+	if h.Offset > uint64(r.msgLen) || h.Size > uint64(r.msgLen)-h.Offset || r.buf.Conv != nil {
+		e.mu.Unlock()
+		e.protocolError(ep, "PUT of [%d,+%d) outside a message of %d bytes", h.Offset, h.Size, r.msgLen)
+		return
+	}
+	if h.Flags&hdr.FlagAck != 0 {
+		r.acked = true
+		r.dstReq = h.DstReq
+	}
+	r.inflight++
+	e.mu.Unlock()
+	off, n := int(h.Offset), int(h.Size)
+	handle := append([]byte(nil), h.Handle...)
+	dst := h.DstReq
+	finish := func(err error) {
+		if err != nil {
+			// Tell the receiver the put failed, then send the range by copy.
+			e.sendFin(ep, dst, off, -1)
+			e.mu.Lock()
+			r.inflight--
+			r.ranges = append(r.ranges, span{off, n})
+			e.mu.Unlock()
+			e.schedSend(r)
+			return
+		}
+		e.sendFin(ep, dst, off, n)
+		e.sendDone(r, n, nil)
+	}
+	done, err := ep.Put(r.buf.Bytes[off:off+n], handle, 0, finish)
+	if err != nil {
+		finish(err)
+	} else if done {
+		finish(nil)
+	}
+}
+
+func (e *Engine) sendFin(ep btl.Endpoint, req uint64, off, n int) {
+	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
+	h := hdr.Fin{Req: req, Offset: uint64(off), Size: int64(n)}
+	l := h.Encode(hb[:])
+	if err := ep.SendImmediate(btl.Tag(hdr.TypeFin), hb[:l], nil); err != nil {
+		ep.Send(btl.Tag(hdr.TypeFin), hb[:l], nil, func(error) {})
+	}
+	hdrPool.Put(hb)
+}
+
+// onFin: an RDMA operation on our memory finished.
+func (e *Engine) onFin(ep btl.Endpoint, b, _ []byte) {
+	h, _, err := hdr.DecodeFin(b)
+	if err != nil {
+		e.protocolError(ep, "%v", err)
+		return
+	}
+	e.mu.Lock()
+	r := e.reqs[h.Req]
+	if r == nil || r.peerWorld != ep.Peer() || (h.Size > 0 && (h.Offset > uint64(r.msgLen) || uint64(h.Size) > uint64(r.msgLen)-h.Offset)) {
+		e.mu.Unlock()
+		e.protocolError(ep, "FIN for unknown request %d or range", h.Req)
+		return
+	}
+	if r.kind == kindSend {
+		// RGET: the receiver read [off, off+size) (or failed: it then ACKs that range).
+		r.acked = true
+		if h.Size > 0 {
+			r.delivered += int(h.Size)
+		}
+		e.checkSendLocked(r)
+		e.mu.Unlock()
+		return
+	}
+	e.finPutLocked(r, int(h.Offset), int(h.Size))
+	e.mu.Unlock()
+	e.schedPuts(r)
+}
