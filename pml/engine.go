@@ -70,6 +70,7 @@ type Engine struct {
 	nextID  uint64
 	nextCtx uint32
 	toStart []*Request // matched rendezvous receives to start outside the lock
+	scratch frag       // the fragment being matched (aliases transport memory; copied when kept)
 	closed  error
 
 	spin        time.Duration
@@ -389,7 +390,10 @@ func newReq(owned bool) *Request {
 
 // Recycle returns a request obtained from a blocking call's pool.
 func recycle(r *Request) {
-	if !r.owned {
+	// A request that went through a rendezvous may still be referenced by
+	// a scheduler loop or a transport callback on another goroutine after
+	// it completed: leave it to the garbage collector.
+	if !r.owned || r.id != 0 {
 		return
 	}
 	r.reset()

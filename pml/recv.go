@@ -13,7 +13,7 @@ import (
 // onMatching handles MATCH, RNDV and RGET: admission in sequence order,
 // then matching against posted receives.
 func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
-	var f frag
+	var f frag // decoded here, then copied into e.scratch under the lock (f must not escape)
 	f.typ = hdr.Type(b[0])
 	switch f.typ {
 	case hdr.TypeMatch:
@@ -59,10 +59,12 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 		return
 	}
 	c := e.comms[f.m.Ctx]
+	sf := &e.scratch
+	*sf = f
 	if c == nil {
 		// The communicator does not exist here yet (a peer finished Dup
 		// first): keep the fragment until NewComm.
-		e.parked = append(e.parked, e.copyFrag(&f))
+		e.parked = append(e.parked, e.copyFrag(sf))
 		e.mu.Unlock()
 		return
 	}
@@ -71,7 +73,8 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 		e.protocolError(ep, "source rank %d does not belong to rank %d in context %d", f.m.Src, ep.Peer(), f.m.Ctx)
 		return
 	}
-	e.arrive(c, &f, false)
+	e.arrive(c, sf, false)
+	*sf = frag{}
 	start := len(e.toStart) > 0
 	e.mu.Unlock()
 	if start {

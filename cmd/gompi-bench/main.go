@@ -1,0 +1,319 @@
+// Command gompi-bench measures point-to-point performance between ranks 0
+// and 1, OSU style, with the definitions of shared/anchor/pingpong.c so
+// its figures compare with Open MPI's directly.
+//
+//	gorun -np 2 gompi-bench latency
+//	gompi-bench bw --inprocess --sizes 4k,4m
+//
+// Modes: latency (half round trip of blocking Send/Recv, median over
+// batches of the batch average), bw (a window of Isend + Waitall answered
+// by a 4-byte ack), bibw (both directions at once), rate (messages per
+// second with a window of small messages). 1 MB = 1e6 bytes. Rank 0 prints.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gompi-org/gompi/internal/params"
+	"github.com/gompi-org/gompi/mpi"
+	"github.com/spf13/pflag"
+)
+
+const (
+	tagData = 1
+	tagAck  = 2
+)
+
+type config struct {
+	mode       string
+	sizes      []int
+	iterations int // round trips (latency) or windows (bw) per batch; 0 = automatic
+	warmup     int
+	batches    int
+	window     int
+	csv        bool
+	plot       string
+	overlay    string
+	label      string
+	out        io.Writer
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := pflag.NewFlagSet("gompi-bench", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	sizes := fs.String("sizes", "0,8,64,512,4k,16k,64k,256k,1m,4m", "message sizes (suffixes k, m = powers of 1024)")
+	iters := fs.Int("iterations", 0, "round trips (latency) or windows (bw, bibw, rate) per batch; 0 = as the anchor (about 64 MiB per batch)")
+	warmup := fs.Int("warmup", 1, "unmeasured batches before measuring")
+	batches := fs.Int("batches", 21, "measured batches per size (the median is reported)")
+	window := fs.Int("window", 64, "messages in flight per window (bw, bibw, rate)")
+	protocol := fs.String("protocol", "", "force a protocol: eager, rdma_put, rdma_get, send_pipeline, rdma_pipeline")
+	var ps []string
+	fs.StringArrayVar(&ps, "param", nil, "set a parameter name=value (repeatable)")
+	csv := fs.Bool("csv", false, "print a header line then size,value lines")
+	plot := fs.String("plot", "", "draw value against size into this SVG file")
+	overlay := fs.String("plot-overlay", "", "CSV (size,value) of another run to draw on the same plot, e.g. Open MPI's")
+	label := fs.String("plot-label", "other", "legend of the overlay curve")
+	inproc := fs.Bool("inprocess", false, "run two goroutine ranks over the self transport instead of under gorun")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: gompi-bench latency|bw|bibw|rate [flags]   (under gorun -np 2, or with --inprocess)")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return 2
+	}
+	cfg := config{mode: fs.Arg(0), iterations: *iters, warmup: *warmup, batches: max(1, *batches), window: max(1, *window),
+		csv: *csv, plot: *plot, overlay: *overlay, label: *label, out: stdout}
+	switch cfg.mode {
+	case "latency", "bw", "bibw", "rate":
+	default:
+		fmt.Fprintf(stderr, "gompi-bench: unknown mode %q (want latency, bw, bibw or rate)\n", cfg.mode)
+		return 2
+	}
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := params.ParseSize(s)
+		if err != nil {
+			fmt.Fprintf(stderr, "gompi-bench: --sizes: %v\n", err)
+			return 2
+		}
+		cfg.sizes = append(cfg.sizes, n)
+	}
+	var opts []mpi.Option
+	if *protocol != "" {
+		opts = append(opts, mpi.WithParam("pml_force_protocol", *protocol))
+	}
+	for _, p := range ps {
+		name, val, ok := strings.Cut(p, "=")
+		if !ok {
+			fmt.Fprintf(stderr, "gompi-bench: --param %q: want name=value\n", p)
+			return 2
+		}
+		opts = append(opts, mpi.WithParam(name, val))
+	}
+	var err error
+	if *inproc {
+		err = mpi.Run(2, func(w *mpi.Comm) error { return bench(w, &cfg) }, opts...)
+	} else {
+		var w *mpi.Comm
+		if w, err = mpi.Init(opts...); err == nil {
+			err = bench(w, &cfg)
+			if ferr := mpi.Finalize(); err == nil {
+				err = ferr
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "gompi-bench:", err)
+		return 1
+	}
+	return 0
+}
+
+// bench runs the mode on ranks 0 and 1; other ranks only wait.
+func bench(w *mpi.Comm, cfg *config) error {
+	if w.Size() < 2 {
+		return errors.New("needs 2 ranks: run it under gorun -np 2, or with --inprocess")
+	}
+	rank := w.Rank()
+	unit := map[string]string{"latency": "latency_us", "bw": "bw_MBps", "bibw": "bibw_MBps", "rate": "msgs_per_s"}[cfg.mode]
+	var xs []int
+	var ys []float64
+	if rank == 0 {
+		if cfg.csv {
+			fmt.Fprintf(cfg.out, "size,%s\n", unit)
+		} else {
+			fmt.Fprintf(cfg.out, "# gompi-bench %s: median of %d batches; window %d; 1 MB = 1e6 B\n%10s %14s\n", cfg.mode, cfg.batches, cfg.window, "size", unit)
+		}
+	}
+	for _, size := range cfg.sizes {
+		if rank > 1 {
+			continue
+		}
+		v, err := measure(w, cfg, size)
+		if err != nil {
+			return fmt.Errorf("size %d: %w", size, err)
+		}
+		if rank == 0 {
+			xs, ys = append(xs, size), append(ys, v)
+			if cfg.csv {
+				fmt.Fprintf(cfg.out, "%d,%.3f\n", size, v)
+			} else {
+				fmt.Fprintf(cfg.out, "%10d %14.3f\n", size, v)
+			}
+		}
+	}
+	if rank == 0 && cfg.plot != "" {
+		if err := plotSVG(cfg, unit, xs, ys); err != nil {
+			return err
+		}
+	}
+	return w.Barrier()
+}
+
+func latIters(size int) int  { return min(200, max(4, (64<<20)/(size+1))) }
+func bwLoops(size, w int) int { return min(1000, max(2, (64<<20)/max(1, w*size))) }
+
+func measure(w *mpi.Comm, cfg *config, size int) (float64, error) {
+	sbuf, rbuf := make([]byte, size), make([]byte, size)
+	for i := range sbuf {
+		sbuf[i] = 'a'
+	}
+	var batch func() (float64, error)
+	switch cfg.mode {
+	case "latency":
+		n := cfg.iterations
+		if n == 0 {
+			n = latIters(size)
+		}
+		batch = func() (float64, error) {
+			d, err := pingpong(w, sbuf, n)
+			return d.Seconds() / float64(n) / 2 * 1e6, err
+		}
+	default:
+		n := cfg.iterations
+		if n == 0 {
+			n = bwLoops(size, cfg.window)
+			if cfg.mode == "rate" {
+				n = min(1000, max(10, n))
+			}
+		}
+		bytes := float64(size) * float64(cfg.window) * float64(n)
+		batch = func() (float64, error) {
+			var d time.Duration
+			var err error
+			if cfg.mode == "bibw" {
+				d, err = bibwBatch(w, sbuf, rbuf, cfg.window, n)
+				return 2 * bytes / d.Seconds() / 1e6, err
+			}
+			d, err = bwBatch(w, sbuf, cfg.window, n)
+			if cfg.mode == "rate" {
+				return float64(cfg.window*n) / d.Seconds(), err
+			}
+			return bytes / d.Seconds() / 1e6, err
+		}
+	}
+	for i := 0; i < cfg.warmup; i++ {
+		if _, err := batch(); err != nil {
+			return 0, err
+		}
+	}
+	vals := make([]float64, cfg.batches)
+	for i := range vals {
+		v, err := batch()
+		if err != nil {
+			return 0, err
+		}
+		vals[i] = v
+	}
+	sort.Float64s(vals)
+	return vals[len(vals)/2], nil
+}
+
+func peerBarrier(w *mpi.Comm) error {
+	// Ranks 0 and 1 only: a zero-byte exchange.
+	peer := 1 - w.Rank()
+	_, err := w.Sendrecv(nil, peer, tagAck, nil, peer, tagAck)
+	return err
+}
+
+func pingpong(w *mpi.Comm, buf []byte, n int) (time.Duration, error) {
+	if err := peerBarrier(w); err != nil {
+		return 0, err
+	}
+	var b any = buf // convert once: the loop then allocates nothing
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		if w.Rank() == 0 {
+			if err := w.Send(b, 1, tagData); err != nil {
+				return 0, err
+			}
+			if _, err := w.Recv(b, 1, tagData); err != nil {
+				return 0, err
+			}
+		} else {
+			if _, err := w.Recv(b, 0, tagData); err != nil {
+				return 0, err
+			}
+			if err := w.Send(b, 0, tagData); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return time.Since(start), nil
+}
+
+func bwBatch(w *mpi.Comm, buf []byte, window, loops int) (time.Duration, error) {
+	if err := peerBarrier(w); err != nil {
+		return 0, err
+	}
+	reqs := make([]*mpi.Request, window)
+	ack := make([]int32, 1)
+	start := time.Now()
+	for l := 0; l < loops; l++ {
+		var err error
+		for i := range reqs {
+			if w.Rank() == 0 {
+				reqs[i], err = w.Isend(buf, 1, tagData)
+			} else {
+				reqs[i], err = w.Irecv(buf, 0, tagData)
+			}
+			if err != nil {
+				return 0, err
+			}
+		}
+		if _, err := mpi.Waitall(reqs); err != nil {
+			return 0, err
+		}
+		if w.Rank() == 0 {
+			_, err = w.Recv(ack, 1, tagAck)
+		} else {
+			err = w.Send(ack, 0, tagAck)
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start), nil
+}
+
+func bibwBatch(w *mpi.Comm, sbuf, rbuf []byte, window, loops int) (time.Duration, error) {
+	if err := peerBarrier(w); err != nil {
+		return 0, err
+	}
+	peer := 1 - w.Rank()
+	reqs := make([]*mpi.Request, 2*window)
+	start := time.Now()
+	for l := 0; l < loops; l++ {
+		var err error
+		for i := 0; i < window; i++ {
+			if reqs[i], err = w.Irecv(rbuf, peer, tagData); err != nil {
+				return 0, err
+			}
+		}
+		for i := 0; i < window; i++ {
+			if reqs[window+i], err = w.Isend(sbuf, peer, tagData); err != nil {
+				return 0, err
+			}
+		}
+		if _, err := mpi.Waitall(reqs); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start), nil
+}

@@ -1,0 +1,215 @@
+package mpi
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/btl/self"
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/internal/params"
+	"github.com/gompi-org/gompi/launcher/store"
+	"github.com/gompi-org/gompi/pml"
+)
+
+// The process's job membership (Init .. Finalize).
+var proc struct {
+	mu        sync.Mutex
+	in        *instance
+	store     *store.Client
+	finalized bool
+}
+
+// Init joins the job: under gorun it connects to gorun's wire-up store
+// and opens the transports; started any other way the process is a
+// singleton job of size 1. It returns the world communicator. Calling
+// Init twice, or after Finalize, is an error (ErrNotInit after Finalize).
+func Init(opts ...Option) (*Comm, error) {
+	proc.mu.Lock()
+	defer proc.mu.Unlock()
+	if proc.finalized {
+		return nil, mpierr.Errorf(mpierr.ErrNotInit, "Init after Finalize")
+	}
+	if proc.in != nil {
+		return nil, mpierr.Errorf(mpierr.ErrArg, "Init called twice")
+	}
+	o := newOptions(opts)
+	ps, err := params.NewSet(o.params)
+	if err != nil {
+		return nil, err
+	}
+	rank, size := envInt("GOMPI_RANK", 0), envInt("GOMPI_SIZE", 1)
+	if rank < 0 || size < 1 || rank >= size {
+		return nil, mpierr.Errorf(mpierr.ErrArg, "GOMPI_RANK=%d GOMPI_SIZE=%d", rank, size)
+	}
+	verbose := ps.Bool("verbose") || os.Getenv("GOMPI_VERBOSE") == "1"
+	logf := func(string, ...any) {}
+	if verbose {
+		logf = func(f string, a ...any) { fmt.Fprintf(os.Stderr, "gompi[%d]: "+f+"\n", append([]any{rank}, a...)...) }
+	}
+	var client *store.Client
+	var secret []byte
+	if addr := os.Getenv("GOMPI_STORE"); addr != "" {
+		secret, err = hex.DecodeString(os.Getenv("GOMPI_SECRET"))
+		if err != nil || len(secret) == 0 {
+			return nil, mpierr.Errorf(mpierr.ErrArg, "GOMPI_SECRET is missing or not hex")
+		}
+		os.Unsetenv("GOMPI_SECRET") // keep it out of child processes
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		client, err = store.Dial(ctx, addr, secret, rank)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("connect to gorun's store at %s: %w", addr, err)
+		}
+	} else if size != 1 {
+		return nil, mpierr.Errorf(mpierr.ErrArg, "GOMPI_SIZE=%d without GOMPI_STORE: start the job with gorun", size)
+	}
+	in, err := newInstance(rank, size, ps, logf)
+	if err != nil {
+		closeClient(client)
+		return nil, err
+	}
+	in.abort = func(code int, err error) {
+		in.engine.Abort(err)
+		if client != nil {
+			client.Abort(code, err.Error())
+		}
+		os.Exit(code)
+	}
+	env := in.env()
+	env.LocalRank, env.LocalSize = envInt("GOMPI_LOCAL_RANK", rank), envInt("GOMPI_LOCAL_SIZE", size)
+	env.JobID = os.Getenv("GOMPI_JOB_ID")
+	env.Secret = secret
+	if client != nil {
+		env.Store = client
+	}
+	w := self.NewWorld()
+	m, err := w.Attach(env)
+	if err != nil {
+		closeClient(client)
+		return nil, err
+	}
+	in.modules = []btl.Module{m}
+	list := ps.String("btl")
+	for _, comp := range btl.Components() {
+		if !btl.Selected(list, comp.Name()) {
+			continue
+		}
+		mods, err := comp.Open(env)
+		if err != nil {
+			logf("transport %s not used: %v", comp.Name(), err)
+			continue
+		}
+		for _, m := range mods {
+			logf("transport %s: caps %v, exclusivity %d", m.Name(), m.Caps(), m.Exclusivity())
+		}
+		in.modules = append(in.modules, mods...)
+	}
+	if err := in.connect(); err != nil {
+		in.close(err)
+		closeClient(client)
+		return nil, err
+	}
+	for p := 0; p < size; p++ {
+		logf("rank %d via %s", p, in.engine.PeerTransport(p))
+	}
+	if client != nil {
+		go watchFailures(in, client)
+	}
+	proc.in, proc.store = in, client
+	return in.world, nil
+}
+
+func closeClient(c *store.Client) {
+	if c != nil {
+		c.Close()
+	}
+}
+
+// watchFailures turns gorun's failure notices into failed peers.
+func watchFailures(in *instance, c *store.Client) {
+	for f := range c.Failures() {
+		err := mpierr.Errorf(mpierr.ErrProcFailed, "rank %d: %s", f.Rank, f.Cause)
+		if f.Rank < 0 {
+			for r := 0; r < in.size; r++ {
+				if r != in.rank {
+					in.engine.PeerFailed(r, err)
+				}
+			}
+			continue
+		}
+		in.engine.PeerFailed(f.Rank, err)
+	}
+}
+
+func envInt(name string, def int) int {
+	v, err := strconv.Atoi(os.Getenv(name))
+	if err != nil {
+		return def
+	}
+	return v
+}
+
+// Finalize completes this rank's part of the job: it waits for its pending
+// sends, waits until every rank reached Finalize (so no peer still needs
+// this rank's transports), prints the counters when gorun --stats asked
+// for them, and closes the transports. Init after Finalize is an error.
+func Finalize() error {
+	proc.mu.Lock()
+	defer proc.mu.Unlock()
+	in := proc.in
+	if in == nil {
+		return mpierr.Errorf(mpierr.ErrNotInit, "Finalize without Init")
+	}
+	for in.engine.Pending() > 0 {
+		if in.engine.Progress() == 0 {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	if os.Getenv("GOMPI_STATS") == "1" || in.params.Bool("stats") {
+		printStats(in)
+	}
+	var err error
+	if proc.store != nil {
+		err = proc.store.Fence(context.Background(), "gompi.finalize")
+	}
+	in.close(nil)
+	if proc.store != nil {
+		if ferr := proc.store.Finalize(); err == nil {
+			err = ferr
+		}
+	}
+	proc.in, proc.store, proc.finalized = nil, nil, true
+	return err
+}
+
+func printStats(in *instance) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "gompi stats rank %d:\n", in.rank)
+	for _, m := range in.modules {
+		if c, ok := m.(btl.Counted); ok {
+			s := c.Counters()
+			fmt.Fprintf(&b, "  transport %-5s sent %d frags %d B, received %d frags %d B, put %d ops %d B, get %d ops %d B\n",
+				m.Name(), s.FragsSent, s.BytesSent, s.FragsRecv, s.BytesRecv, s.Puts, s.PutBytes, s.Gets, s.GetBytes)
+		}
+	}
+	st := &in.engine.Stats
+	for p := pml.EagerImmediate; p <= pml.BufferedPipeline; p++ {
+		if n := st.Sent[p].Load(); n > 0 {
+			fmt.Fprintf(&b, "  protocol %-17s %d messages %d B\n", p, n, st.Bytes[p].Load())
+		}
+	}
+	fmt.Fprintf(&b, "  received %d messages\n", st.Recvd.Load())
+	os.Stderr.WriteString(b.String())
+}
+
+func init() {
+	params.Register(params.Def{Name: "stats", Kind: params.Bool, Default: "false",
+		Help: "print per-transport and per-protocol counters at Finalize (gorun --stats)"})
+}
