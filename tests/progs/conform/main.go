@@ -1,0 +1,154 @@
+// Command conform is a multi-process conformance program run by the tests
+// under gorun: every size from 0 B to 16 MiB between every pair of ranks,
+// every byte checked, plus ordering of mixed eager/rendezvous messages to
+// an AnyTag receiver, wildcards, probes and a derived datatype. It prints
+// "conform ok" on rank 0 when everything held.
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+
+	"github.com/gompi-org/gompi/convertor"
+	"github.com/gompi-org/gompi/mpi"
+)
+
+func main() {
+	w, err := mpi.Init()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conform: init:", err)
+		os.Exit(1)
+	}
+	if err := run(w); err != nil {
+		fmt.Fprintf(os.Stderr, "conform: rank %d: %v\n", w.Rank(), err)
+		os.Exit(1)
+	}
+	if err := mpi.Finalize(); err != nil {
+		fmt.Fprintln(os.Stderr, "conform: finalize:", err)
+		os.Exit(1)
+	}
+	if w.Rank() == 0 {
+		fmt.Println("conform ok")
+	}
+}
+
+func pattern(n, seed int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*31 + seed*7 + i>>8)
+	}
+	return b
+}
+
+func run(w *mpi.Comm) error {
+	me, n := w.Rank(), w.Size()
+	sizes := []int{0, 1, 8, 255, 256, 257, 1000, 4096, 65536, 65537, 1 << 20, 16 << 20}
+	// Every pair (i -> j, i != j) in turn, every size.
+	for src := 0; src < n; src++ {
+		for dst := 0; dst < n; dst++ {
+			if src == dst || (me != src && me != dst) {
+				continue
+			}
+			for k, sz := range sizes {
+				if me == src {
+					if err := w.Send(pattern(sz, k+src), dst, k); err != nil {
+						return fmt.Errorf("send %d B to %d: %w", sz, dst, err)
+					}
+				} else {
+					buf := make([]byte, sz)
+					st, err := w.Recv(buf, src, k)
+					if err != nil {
+						return fmt.Errorf("recv %d B from %d: %w", sz, src, err)
+					}
+					if st.Count != sz || !bytes.Equal(buf, pattern(sz, k+src)) {
+						return fmt.Errorf("%d B from %d: wrong data (count %d)", sz, src, st.Count)
+					}
+				}
+			}
+		}
+	}
+	if err := w.Barrier(); err != nil {
+		return err
+	}
+	// Ordering: rank 1 sends mixed sizes with different tags; rank 0 receives with AnyTag.
+	if n >= 2 && me <= 1 {
+		mixed := []int{10, 200000, 5, 70000, 3000000, 1, 0, 100000}
+		if me == 1 {
+			var reqs []*mpi.Request
+			for i, sz := range mixed {
+				r, err := w.Isend(pattern(sz, i), 0, 100+i)
+				if err != nil {
+					return err
+				}
+				reqs = append(reqs, r)
+			}
+			if _, err := mpi.Waitall(reqs); err != nil {
+				return err
+			}
+		} else {
+			for i, sz := range mixed {
+				buf := make([]byte, 4<<20)
+				st, err := w.Recv(buf, 1, mpi.AnyTag)
+				if err != nil {
+					return err
+				}
+				if st.Tag != 100+i || st.Count != sz || !bytes.Equal(buf[:sz], pattern(sz, i)) {
+					return fmt.Errorf("ordering: message %d arrived as tag %d count %d", i, st.Tag, st.Count)
+				}
+			}
+		}
+	}
+	// A matrix column (derived datatype) from rank 0 to the last rank.
+	const dim = 512
+	col, err := convertor.Vector(dim, 1, dim, convertor.Float64)
+	if err != nil {
+		return err
+	}
+	if col, err = col.Commit(); err != nil {
+		return err
+	}
+	last := n - 1
+	if last > 0 && (me == 0 || me == last) {
+		if me == 0 {
+			m := make([]float64, dim*dim)
+			for i := range m {
+				m[i] = float64(i)
+			}
+			if err := w.Send(mpi.Typed(m[3:], 1, col), last, 9); err != nil {
+				return err
+			}
+		} else {
+			got := make([]float64, dim)
+			st, err := w.Recv(got, 0, 9)
+			if err != nil {
+				return err
+			}
+			if st.Elements(convertor.Float64) != dim {
+				return fmt.Errorf("column: %d elements", st.Elements(convertor.Float64))
+			}
+			for i := range got {
+				if got[i] != float64(i*dim+3) {
+					return fmt.Errorf("column element %d = %v", i, got[i])
+				}
+			}
+		}
+	}
+	// AnySource: everyone sends its rank to rank 0.
+	if me != 0 {
+		return w.Send([]int64{int64(me)}, 0, 50)
+	}
+	seen := map[int64]bool{}
+	for i := 1; i < n; i++ {
+		v := []int64{0}
+		st, err := w.Recv(v, mpi.AnySource, 50)
+		if err != nil {
+			return err
+		}
+		if int64(st.Source) != v[0] || seen[v[0]] {
+			return fmt.Errorf("AnySource: got %d from %d", v[0], st.Source)
+		}
+		seen[v[0]] = true
+	}
+	return nil
+}
