@@ -225,24 +225,31 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 	}
 }
 
-// spinWait checks cond while spinning for the configured time; true if it held.
+// spinWait checks cond while spinning for the configured time; true if it
+// held. It yields the processor every 256 checks (so a rank that must run
+// for cond to hold gets a turn even with more ranks than processors) and
+// reads the clock only then.
 func (e *Engine) spinWait(cond func() bool) bool {
 	if e.spin <= 0 {
 		e.poll.progress()
 		return cond()
 	}
-	start := time.Now()
-	for i := 0; ; i++ {
-		if e.poll.progress() == 0 {
-			if i&15 == 15 {
-				runtime.Gosched()
-			}
+	polled := e.poll.active()
+	var start time.Time
+	for i := 1; ; i++ {
+		if polled {
+			e.poll.progress()
 		}
 		if cond() {
 			return true
 		}
-		if i&63 == 63 && time.Since(start) > e.spin {
-			return false
+		if i&255 == 0 {
+			if start.IsZero() {
+				start = time.Now()
+			} else if time.Since(start) > e.spin {
+				return false
+			}
+			runtime.Gosched()
 		}
 	}
 }
