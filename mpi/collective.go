@@ -65,22 +65,58 @@ func (c *Comm) allgather(v []int64) ([]int64, error) {
 }
 
 // newContext agrees with the other ranks of c on a context id that is free
-// on all of them (the maximum of their next free ids). extra values are
-// gathered along (Split's color and key).
+// on all of them, in rounds: each rank proposes (and reserves) its lowest
+// free id, all take the maximum, each reserves that one if it can; if one
+// cannot (another creation on another communicator took it meanwhile),
+// all release and go again above it. extra values are gathered along in
+// the first round (Split's color and key); the returned table holds them
+// as rows of 1+len(extra) values.
 func (c *Comm) newContext(extra ...int64) (uint32, []int64, error) {
-	v := append([]int64{int64(c.in.engine.NextContext())}, extra...)
-	table, err := c.allgather(v)
-	if err != nil {
-		return 0, nil, err
+	e := c.in.engine
+	from := uint32(0)
+	var first []int64
+	for {
+		prop := e.ProposeContext(from)
+		v := append([]int64{int64(prop)}, extra...)
+		table, err := c.allgather(v)
+		if err != nil {
+			e.ReleaseContext(prop)
+			return 0, nil, err
+		}
+		if first == nil {
+			first = table
+		}
+		var best int64
+		for r := 0; r < c.Size(); r++ {
+			best = max(best, table[r*len(v)])
+		}
+		if best >= 1<<32-1 {
+			e.ReleaseContext(prop)
+			return 0, nil, mpierr.Errorf(mpierr.ErrComm, "out of communicator context ids")
+		}
+		ctx := uint32(best)
+		if ctx != prop {
+			e.ReleaseContext(prop)
+		}
+		ok := int64(0)
+		if e.ReserveContext(ctx, ctx == prop) {
+			ok = 1
+		}
+		oks, err := c.allgather([]int64{ok})
+		if err != nil {
+			if ok == 1 {
+				e.ReleaseContext(ctx)
+			}
+			return 0, nil, err
+		}
+		if !slices.Contains(oks, 0) {
+			return ctx, first, nil
+		}
+		if ok == 1 {
+			e.ReleaseContext(ctx)
+		}
+		from = ctx + 1
 	}
-	var ctx int64
-	for r := 0; r < c.Size(); r++ {
-		ctx = max(ctx, table[r*len(v)])
-	}
-	if ctx >= 1<<32-1 {
-		return 0, nil, mpierr.Errorf(mpierr.ErrComm, "out of communicator context ids")
-	}
-	return uint32(ctx), table, nil
 }
 
 // Dup returns a new communicator with the same group and a separate
@@ -89,8 +125,8 @@ func (c *Comm) Dup() (*Comm, error) {
 	if err := c.valid(); err != nil {
 		return nil, err
 	}
-	c.in.collMu.Lock()
-	defer c.in.collMu.Unlock()
+	c.coll.Lock()
+	defer c.coll.Unlock()
 	ctx, _, err := c.newContext()
 	if err != nil {
 		return nil, err
@@ -116,8 +152,8 @@ func (c *Comm) Split(color, key int) (*Comm, error) {
 	if color < 0 {
 		color = -1
 	}
-	c.in.collMu.Lock()
-	defer c.in.collMu.Unlock()
+	c.coll.Lock()
+	defer c.coll.Unlock()
 	ctx, table, err := c.newContext(int64(color), int64(key))
 	if err != nil {
 		return nil, err

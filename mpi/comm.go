@@ -3,6 +3,7 @@ package mpi
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/pml"
@@ -11,8 +12,9 @@ import (
 // Comm is a communicator: a group of ranks with its own matching context.
 // Messages sent on one communicator never match receives on another.
 type Comm struct {
-	in *instance
-	pc *pml.Comm
+	in   *instance
+	pc   *pml.Comm
+	coll sync.Mutex // one collective operation at a time on this communicator
 }
 
 // Rank returns the calling rank's number in c (0..Size-1); -1 for an invalid communicator.

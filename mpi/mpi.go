@@ -39,10 +39,10 @@ import (
 
 // Special ranks and tags.
 const (
-	AnySource = -1          // Recv/Probe: match a message from any rank
-	AnyTag    = -1          // Recv/Probe: match any tag
-	ProcNull  = -2          // Send/Recv with ProcNull complete at once and move no data
-	TagUB     = 1<<30 - 1   // largest valid tag; valid user tags are 0..TagUB
+	AnySource = -1                  // Recv/Probe: match a message from any rank
+	AnyTag    = -1                  // Recv/Probe: match any tag
+	ProcNull  = -2                  // Send/Recv with ProcNull complete at once and move no data
+	TagUB     = 1<<30 - 1           // largest valid tag; valid user tags are 0..TagUB
 	Undefined = convertor.Undefined // Status.Elements when the byte count is not a whole number of elements; Split color for "no communicator"
 )
 
@@ -91,7 +91,6 @@ type instance struct {
 	abort      func(code int, err error) // ends the whole job
 	closed     atomic.Bool
 	logf       func(string, ...any)
-	collMu     sync.Mutex // serializes communicator creation (context agreement)
 }
 
 func newOptions(opts []Option) *options {
@@ -126,8 +125,10 @@ func Run(n int, body func(world *Comm) error, opts ...Option) error {
 	w := self.NewWorld()
 	insts := make([]*instance, n)
 	var abortOnce sync.Once
+	var abortErr error // the first Abort's error: Run returns it
 	abortAll := func(code int, err error) {
 		abortOnce.Do(func() {
+			abortErr = err
 			for _, in := range insts {
 				in.engine.Abort(err)
 			}
@@ -181,7 +182,7 @@ func Run(n int, body func(world *Comm) error, opts ...Option) error {
 	for _, in := range insts {
 		in.close(nil)
 	}
-	return errors.Join(errs...)
+	return errors.Join(append([]error{abortErr}, errs...)...)
 }
 
 func newInstance(rank, size int, ps *params.Set, logf func(string, ...any)) (*instance, error) {

@@ -18,4 +18,3 @@ func (s Status) Elements(t convertor.Datatype) int {
 	}
 	return t.Elements(s.Count)
 }
-

@@ -60,18 +60,22 @@ type peer struct {
 
 // Engine is one process instance's PML.
 type Engine struct {
-	mu      sync.Mutex
-	rank    int
-	size    int
-	peers   []*peer
-	comms   map[uint32]*Comm
-	parked  []*frag // matching fragments of communicators not created yet
-	reqs    map[uint64]*Request
-	nextID  uint64
-	nextCtx uint32
-	toStart []*Request // matched rendezvous receives to start outside the lock
-	scratch frag       // the fragment being matched (aliases transport memory; copied when kept)
-	closed  error
+	mu       sync.Mutex
+	rank     int
+	size     int
+	peers    []*peer
+	comms    map[uint32]*Comm
+	parked   []*frag // matching fragments of communicators not created yet
+	reqs     map[uint64]*Request
+	nextID   uint64
+	nextCtx  uint32
+	reserved map[uint32]struct{} // context ids being agreed on (ProposeContext)
+	toStart  []*Request          // matched rendezvous receives to start outside the lock
+	scratch  frag                // the fragment being matched (aliases transport memory; copied when kept)
+	closed   error
+	// troubled is set once closed or any peer's failed is: the send fast
+	// path reads it instead of taking the lock.
+	troubled atomic.Bool
 
 	spin        time.Duration
 	depth       int
@@ -187,6 +191,7 @@ func (e *Engine) Abort(err error) {
 	e.mu.Lock()
 	if e.closed == nil {
 		e.closed = err
+		e.troubled.Store(true)
 	}
 	var fail []*Request
 	for _, r := range e.reqs {
@@ -197,12 +202,27 @@ func (e *Engine) Abort(err error) {
 		fail = c.m.drainPosted(fail)
 	}
 	for _, r := range fail {
-		if !r.Done() && !r.mpiDone {
-			r.mpiDone = true
-			r.complete(Status{Source: r.peer, Tag: r.tag}, err)
-		}
+		e.failLocked(r, err)
 	}
 	e.mu.Unlock()
+}
+
+// failLocked ends request r with err and gives back what it holds: its
+// registrations and, for a buffered send, the attached-buffer space.
+// Called with e.mu held.
+func (e *Engine) failLocked(r *Request, err error) {
+	if r.kind == kindSend {
+		e.failSendLocked(r, err)
+		return
+	}
+	for _, reg := range r.regs {
+		reg.Release()
+	}
+	r.regs = nil
+	if !r.mpiDone {
+		r.mpiDone = true
+		r.complete(Status{Source: r.peer, Tag: r.tag}, err)
+	}
 }
 
 // PeerFailed fails every request that involves world rank r. Called by
@@ -226,6 +246,7 @@ func (e *Engine) PeerFailed(r int, err error) {
 		err = fmt.Errorf("rank %d: %w (%w)", r, mpierr.ErrProcFailed, err)
 	}
 	p.failed = err
+	e.troubled.Store(true)
 	e.logf("pml: rank %d failed: %v", r, err)
 	var fail []*Request
 	for id, q := range e.reqs {
@@ -242,10 +263,7 @@ func (e *Engine) PeerFailed(r int, err error) {
 		fail = c.m.drainSource(cr, fail)
 	}
 	for _, q := range fail {
-		if !q.mpiDone {
-			q.mpiDone = true
-			q.complete(Status{Source: q.peer, Tag: q.tag}, err)
-		}
+		e.failLocked(q, err)
 	}
 	e.mu.Unlock()
 }
@@ -274,9 +292,13 @@ func isClass(err, class error) bool {
 
 // protocolError reports a peer that broke the protocol: it is treated as failed.
 func (e *Engine) protocolError(ep btl.Endpoint, format string, a ...any) {
-	err := fmt.Errorf("rank %d: %w: %s", ep.Peer(), mpierr.ErrProtocol, fmt.Sprintf(format, a...))
+	e.protocolErrorFrom(ep.Peer(), format, a...)
+}
+
+func (e *Engine) protocolErrorFrom(rank int, format string, a ...any) {
+	err := fmt.Errorf("rank %d: %w: %s", rank, mpierr.ErrProtocol, fmt.Sprintf(format, a...))
 	e.logf("pml: %v", err)
-	e.PeerFailed(ep.Peer(), err)
+	e.PeerFailed(rank, err)
 }
 
 // ---- communicators ----
@@ -299,12 +321,64 @@ type procSeq struct {
 	ooo    *frag  // out-of-sequence arrivals, sorted by seq (guarded by e.mu)
 }
 
-// NextContext returns the lowest context id this engine has not used;
-// collective operations agree on the maximum over the participants.
+// NextContext returns the lowest context id this engine has not used.
 func (e *Engine) NextContext() uint32 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.nextCtx
+}
+
+// ProposeContext reserves and returns the lowest context id >= from that
+// is neither in use nor reserved here. Communicator creation agrees on an
+// id in rounds (as Open MPI's CID allocation does): every participant
+// proposes, all take the maximum, each tries to Reserve it, and if any
+// cannot, all Release and go again from the maximum + 1. Reservations
+// keep two creations running at once on different communicators from
+// choosing the same id.
+func (e *Engine) ProposeContext(from uint32) uint32 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	id := max(from, e.nextCtx, 1) // never reuse a freed id: stale traffic cannot reach a new communicator
+	for e.ctxTaken(id) {
+		id++
+	}
+	e.reserveLocked(id)
+	return id
+}
+
+// ReserveContext reserves id if it is free here (or already reserved by
+// the caller's own proposal, which it then keeps); false otherwise.
+func (e *Engine) ReserveContext(id uint32, mine bool) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if mine {
+		return true
+	}
+	if e.ctxTaken(id) {
+		return false
+	}
+	e.reserveLocked(id)
+	return true
+}
+
+// ReleaseContext drops a reservation that did not become a communicator.
+func (e *Engine) ReleaseContext(id uint32) {
+	e.mu.Lock()
+	delete(e.reserved, id)
+	e.mu.Unlock()
+}
+
+func (e *Engine) ctxTaken(id uint32) bool {
+	_, used := e.comms[id]
+	_, res := e.reserved[id]
+	return used || res
+}
+
+func (e *Engine) reserveLocked(id uint32) {
+	if e.reserved == nil {
+		e.reserved = map[uint32]struct{}{}
+	}
+	e.reserved[id] = struct{}{}
 }
 
 // NewComm creates the communicator with context id ctx, where this process
@@ -322,20 +396,28 @@ func (e *Engine) NewComm(ctx uint32, rank int, group []int) (*Comm, error) {
 		return nil, mpierr.Errorf(mpierr.ErrComm, "context %d in use", ctx)
 	}
 	e.comms[ctx] = c
+	delete(e.reserved, ctx)
 	if ctx >= e.nextCtx {
 		e.nextCtx = ctx + 1
 	}
 	parked := e.parked
 	e.parked = nil
+	var bad []*frag
 	for _, f := range parked {
-		if f.m.Ctx == ctx {
-			e.arrive(c, f, true)
-		} else {
+		switch {
+		case f.m.Ctx != ctx:
 			e.parked = append(e.parked, f)
+		case int(f.m.Src) < 0 || int(f.m.Src) >= len(group) || group[f.m.Src] != f.peer.world:
+			bad = append(bad, f)
+		default:
+			e.arrive(c, f, true)
 		}
 	}
 	start := len(e.toStart) > 0
 	e.mu.Unlock()
+	for _, f := range bad {
+		e.protocolErrorFrom(f.peer.world, "source rank %d does not belong to rank %d in context %d", f.m.Src, f.peer.world, f.m.Ctx)
+	}
 	if start {
 		e.runStarts()
 	}

@@ -71,7 +71,11 @@ type matchState struct {
 	uSrc  []fragList
 	uKey  map[key]*fragList
 	nWild int
+
+	spare []*reqList // emptied specific lists, reused (at most maxSpare)
 }
+
+const maxSpare = 64
 
 func newMatchState(size int) *matchState {
 	return &matchState{
@@ -97,20 +101,38 @@ func (m *matchState) post(r *Request) {
 		k := key{int32(r.peer), int32(r.tag)}
 		l := m.specific[k]
 		if l == nil {
-			l = &reqList{}
+			if n := len(m.spare); n > 0 {
+				l = m.spare[n-1]
+				m.spare = m.spare[:n-1]
+			} else {
+				l = &reqList{}
+			}
 			m.specific[k] = l
 		}
 		l.push(r)
 	}
 }
 
-// unpost removes a posted request; false if it is not posted.
+// unpost removes a posted request; false if it is not posted. A specific
+// (source, tag) list left empty leaves the map, so programs that use a new
+// tag per message do not grow it.
 func (m *matchState) unpost(r *Request) bool {
-	if r.list == nil {
+	l := r.list
+	if l == nil {
 		return false
 	}
-	r.list.remove(r)
+	l.remove(r)
+	if l.head == nil && r.peer != AnySource && r.tag != AnyTag {
+		m.dropSpecific(key{int32(r.peer), int32(r.tag)}, l)
+	}
 	return true
+}
+
+func (m *matchState) dropSpecific(k key, l *reqList) {
+	delete(m.specific, k)
+	if len(m.spare) < maxSpare {
+		m.spare = append(m.spare, l)
+	}
 }
 
 // findPosted returns the earliest-posted request matching (src, tag), without removing it.

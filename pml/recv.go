@@ -14,6 +14,10 @@ import (
 // then matching against posted receives.
 func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 	var f frag // decoded here, then copied into e.scratch under the lock (f must not escape)
+	if len(b) == 0 {
+		e.protocolError(ep, "empty header on a matching tag")
+		return
+	}
 	f.typ = hdr.Type(b[0])
 	switch f.typ {
 	case hdr.TypeMatch:
@@ -45,6 +49,9 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 			return
 		}
 		f.m, f.msgLen, f.srcReq, f.handle = h.Match, int(h.MsgLen), h.SrcReq, h.Handle
+	default:
+		e.protocolError(ep, "a %v header on a matching tag", f.typ)
+		return
 	}
 	f.data = data
 	f.peer = e.peers[ep.Peer()]
@@ -163,6 +170,12 @@ func (e *Engine) deliver(r *Request, f *frag) {
 	}
 	r.srcReq = f.srcReq
 	r.flags = f.m.Flags
+	if err := f.peer.failed; err != nil {
+		// The sender died after its RNDV/RGET arrived: the rest never will.
+		r.mpiDone = true
+		r.complete(Status{Source: r.status.Source, Tag: r.status.Tag}, err)
+		return
+	}
 	if f.typ == hdr.TypeRget {
 		r.handle = append(r.hbuf[:0], f.handle...)
 	} else {
@@ -315,11 +328,17 @@ func (e *Engine) getAll(r *Request, p *peer) {
 		e.mu.Unlock()
 		finish := func(err error) {
 			if err != nil {
-				// Ask the sender to copy this range instead.
+				// Ask the sender to copy this range instead. The GET no
+				// longer counts as in flight before the ACK goes out: over
+				// a synchronous transport the FRAGs that answer it arrive
+				// before Send returns.
+				e.mu.Lock()
+				r.inflight--
+				e.mu.Unlock()
 				e.sendFin(r.ep, r.srcReq, off, -1)
 				e.sendAck(r, off, n, hdr.FlagNoRDMA)
 				e.mu.Lock()
-				r.inflight--
+				e.checkRecvLocked(r)
 				e.mu.Unlock()
 				return
 			}
@@ -667,8 +686,9 @@ func (m *matchState) drainList(l *reqList, out []*Request) []*Request {
 
 // drainPosted removes every posted request.
 func (m *matchState) drainPosted(out []*Request) []*Request {
-	for _, l := range m.specific {
+	for k, l := range m.specific {
 		out = m.drainList(l, out)
+		m.dropSpecific(k, l)
 	}
 	for i := range m.srcAny {
 		out = m.drainList(&m.srcAny[i], out)
@@ -682,6 +702,7 @@ func (m *matchState) drainSource(src int, out []*Request) []*Request {
 	for k, l := range m.specific {
 		if int(k.src) == src {
 			out = m.drainList(l, out)
+			m.dropSpecific(k, l)
 		}
 	}
 	out = m.drainList(&m.srcAny[src], out)

@@ -94,9 +94,9 @@ type Request struct {
 	ranges    []span // send: copy ranges still to send; recv: PUT ranges still to request
 	reg       btl.Registration
 	regs      map[uint64]btl.Registration // recv: per-PUT registrations by offset
-	sched     atomic.Int32                 // ob1's req_lock: one scheduler at a time
-	convMu    sync.Mutex                   // serializes the convertor (non-contiguous buffers)
-	pmlDone   bool                         // send: protocol finished (Bsend completes MPI-level earlier)
+	sched     atomic.Int32                // ob1's req_lock: one scheduler at a time
+	convMu    sync.Mutex                  // serializes the convertor (non-contiguous buffers)
+	pmlDone   bool                        // send: protocol finished (Bsend completes MPI-level earlier)
 	mpiDone   bool
 	peerWorld int
 	flags     uint8  // recv: flags of the matched RNDV/RGET

@@ -42,11 +42,17 @@ func (c *Comm) target(dest int) (*peer, error) {
 	if p == nil || p.ep == nil {
 		return nil, mpierr.Errorf(mpierr.ErrProcFailed, "no transport reaches rank %d", dest)
 	}
-	if err := p.failed; err != nil {
-		return nil, err
-	}
-	if e.closed != nil {
-		return nil, e.closed
+	if e.troubled.Load() {
+		// A peer failed or the engine closed: read why under the lock.
+		e.mu.Lock()
+		err := p.failed
+		if err == nil {
+			err = e.closed
+		}
+		e.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
 	}
 	return p, nil
 }
@@ -116,6 +122,13 @@ func (c *Comm) startSend(r *Request, buf Buffer, dest, tag int, mode Mode, relea
 	defer hdrPool.Put(hb)
 
 	if proto.Eager() {
+		if mode == Buffered && release != nil {
+			// The data is the packed copy in the attached buffer: the
+			// request completes now; the space returns when the transport
+			// is done with it.
+			r.mpiDone = true
+			r.complete(Status{Source: dest, Tag: tag, Count: size}, nil)
+		}
 		if proto == EagerImmediate {
 			n := m.Encode(hb[:])
 			var data []byte
@@ -220,11 +233,21 @@ func (e *Engine) pack(r *Request, dst []byte, off int) int {
 	}
 	r.convMu.Lock()
 	defer r.convMu.Unlock()
-	if r.buf.Conv.SetPosition(off) != off {
-		// Only possible mid-element; our offsets are element boundaries.
-		return 0
+	c := r.buf.Conv
+	if pos := c.SetPosition(off); pos < off {
+		// off is inside a basic element (the receiver asked for a range
+		// that starts there): pack the element's head and drop it; Pack
+		// then finishes the element first.
+		var skip [16]byte
+		for pos < off {
+			k := c.Pack(skip[:min(len(skip), off-pos)])
+			if k == 0 {
+				return 0
+			}
+			pos += k
+		}
 	}
-	return r.buf.Conv.Pack(dst)
+	return c.Pack(dst)
 }
 
 // sendCtl sends a header-only fragment that belongs to send request r.
@@ -262,10 +285,20 @@ func (e *Engine) sendChunk(r *Request, p *peer, t hdr.Type, h []byte, off, n int
 		copy(b, h)
 		got := e.pack(r, b[len(h):], off)
 		if got != n {
-			// The convertor stopped early (element boundary); resend the rest later.
-			e.mu.Lock()
-			r.ranges = append([]span{{off + got, n - got}}, r.ranges...)
-			e.mu.Unlock()
+			// The convertor packs whole basic elements only: the rest of
+			// this range goes with the next fragment. A RNDV keeps
+			// nothing: the receiver asks for everything past what it got.
+			if t != hdr.TypeRndv {
+				e.mu.Lock()
+				rest := span{off + got, n - got}
+				if len(r.ranges) > 0 && r.ranges[0].off == off+n {
+					r.ranges[0].off = rest.off
+					r.ranges[0].n += rest.n
+				} else {
+					r.ranges = append([]span{rest}, r.ranges...)
+				}
+				e.mu.Unlock()
+			}
 			n = got
 			b = b[:len(h)+n]
 		}
@@ -348,7 +381,14 @@ func (e *Engine) finishSend(r *Request, err error) {
 	if r.release != nil {
 		r.release()
 	}
-	r.mpiDone, r.pmlDone = true, true
+	r.pmlDone = true
+	if r.mpiDone {
+		if err != nil {
+			e.logf("pml: buffered send to rank %d tag %d failed after it completed: %v", r.peer, r.tag, err)
+		}
+		return
+	}
+	r.mpiDone = true
 	r.complete(Status{Source: r.peer, Tag: r.tag, Count: r.msgLen}, err)
 }
 
@@ -506,12 +546,22 @@ func (e *Engine) onFin(ep btl.Endpoint, b, _ []byte) {
 	}
 	if r.kind == kindSend {
 		// RGET: the receiver read [off, off+size) (or failed: it then ACKs that range).
+		if r.proto != RDMADirectGet {
+			e.mu.Unlock()
+			e.protocolError(ep, "FIN for send request %d, which offered no RDMA get", h.Req)
+			return
+		}
 		r.acked = true
 		if h.Size > 0 {
 			r.delivered += int(h.Size)
 		}
 		e.checkSendLocked(r)
 		e.mu.Unlock()
+		return
+	}
+	if r.regs[h.Offset] == nil {
+		e.mu.Unlock()
+		e.protocolError(ep, "FIN at offset %d of receive %d, which asked for no PUT there", h.Offset, h.Req)
 		return
 	}
 	e.finPutLocked(r, int(h.Offset), int(h.Size))

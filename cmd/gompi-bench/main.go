@@ -166,7 +166,7 @@ func bench(w *mpi.Comm, cfg *config) error {
 	return w.Barrier()
 }
 
-func latIters(size int) int  { return min(200, max(4, (64<<20)/(size+1))) }
+func latIters(size int) int   { return min(200, max(4, (64<<20)/(size+1))) }
 func bwLoops(size, w int) int { return min(1000, max(2, (64<<20)/max(1, w*size))) }
 
 func measure(w *mpi.Comm, cfg *config, size int) (float64, error) {

@@ -1,0 +1,518 @@
+package sm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/internal/sys"
+)
+
+// endpoint is this module's connection to one local peer. Sends are
+// serialized by mu, which keeps them in order; a send that finds no room
+// (fast box or FIFO full, no free fragment) is queued, and everything after
+// it queues behind it until Progress or a later send posts it.
+type endpoint struct {
+	m *Module
+	p *peer
+
+	mu        sync.Mutex
+	err       error         // guarded by mu: terminal (closed, peer failed)
+	tx        *txBox        // guarded by mu: own fast box to the peer
+	announced bool          // guarded by mu: the peer was told about tx; all sends use it
+	noFbox    bool          // guarded by mu: no fast box for this peer (refused or none left)
+	sends     int           // guarded by mu: fragments sent through the FIFO
+	pending   []pendingSend // guarded by mu: queued sends, oldest first
+	listed    bool          // guarded by mu: e is in m.pendEps
+	lastFrag  int           // guarded by mu: the fragment of trySend's sentFrag
+	sentN     int64         // guarded by mu
+	sentB     int64         // guarded by mu
+}
+
+var _ btl.Endpoint = (*endpoint)(nil)
+
+var le = binary.LittleEndian
+
+// pendingSend is a queued send: either a filled fragment waiting to be
+// posted (frag >= 0) or the caller's bytes (hdr copied, data referenced).
+type pendingSend struct {
+	frag int
+	tag  btl.Tag
+	hdr  []byte
+	data []byte
+	cb   btl.Completion
+}
+
+func (e *endpoint) Module() btl.Module { return e.m }
+func (e *endpoint) Peer() int          { return e.p.rank }
+
+// usable returns the error that stops every operation on e, if any.
+// Called with e.mu held.
+func (e *endpoint) usable() error {
+	if e.err != nil {
+		return e.err
+	}
+	if e.m.closed.Load() {
+		return fmt.Errorf("sm: module closed: %w", btl.ErrClosed)
+	}
+	if err := e.p.failure(); err != nil {
+		return err
+	}
+	if e.p.closed.Load() || e.p.state.Load()>>32 != stateAlive {
+		return e.peerGone()
+	}
+	return nil
+}
+
+// peerGone classifies a peer whose segment is no longer alive.
+func (e *endpoint) peerGone() error {
+	if s := e.p.state.Load() >> 32; s == stateDead {
+		err := fmt.Errorf("sm: rank %d died: %w", e.p.rank, mpierr.ErrProcFailed)
+		e.m.fail(e.p, err)
+		return e.p.failure()
+	}
+	e.p.closed.Store(true)
+	return fmt.Errorf("sm: rank %d closed its shared-memory transport: %w", e.p.rank, btl.ErrClosed)
+}
+
+func (e *endpoint) checkSize(hdr, data []byte) error {
+	if n := len(hdr) + len(data); n > e.m.cfg.maxSend || len(hdr) > math.MaxUint16 {
+		return mpierr.Errorf(mpierr.ErrArg, "sm: fragment of %d bytes (header %d) exceeds %d", n, len(hdr), e.m.cfg.maxSend)
+	}
+	return nil
+}
+
+// SendImmediate delivers hdr+data now or refuses with ErrWouldBlock: on
+// nil the fragment is in the peer's fast box or FIFO. It never references
+// hdr or data after returning.
+func (e *endpoint) SendImmediate(tag btl.Tag, hdr, data []byte) error {
+	if err := e.checkSize(hdr, data); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	if err := e.usable(); err != nil {
+		e.mu.Unlock()
+		return err
+	}
+	var d drained
+	if len(e.pending) > 0 {
+		d = e.drain()
+	}
+	st, err := notSent, e.err // drain may have failed the peer
+	if len(e.pending) == 0 && err == nil {
+		st, err = e.trySend(tag, hdr, data)
+		if st == sentFrag {
+			// Copied but not posted: refuse rather than keep it.
+			e.m.pool.put(e.lastFrag)
+			st = notSent
+		}
+	}
+	e.mu.Unlock()
+	d.run()
+	if err != nil {
+		return err
+	}
+	if st != sent {
+		return btl.ErrWouldBlock
+	}
+	e.p.wake()
+	return nil
+}
+
+// Send transmits hdr followed by data as one fragment, copied into shared
+// memory. done is true when the fragment was posted during the call (in
+// the peer's fast box or FIFO). Otherwise the send is queued behind earlier
+// ones: hdr is copied, data stays referenced until cb is called, with nil
+// once posted or with the error that stopped it (peer failed or closed,
+// module closed). An error return means nothing was sent and cb is not
+// called.
+func (e *endpoint) Send(tag btl.Tag, hdr, data []byte, cb btl.Completion) (bool, error) {
+	if err := e.checkSize(hdr, data); err != nil {
+		return false, err
+	}
+	e.mu.Lock()
+	if err := e.usable(); err != nil {
+		e.mu.Unlock()
+		return false, err
+	}
+	var d drained
+	if len(e.pending) > 0 {
+		d = e.drain()
+	}
+	if len(e.pending) == 0 {
+		st, err := e.trySend(tag, hdr, data)
+		switch {
+		case err != nil:
+			e.mu.Unlock()
+			d.run()
+			return false, err
+		case st == sent:
+			e.mu.Unlock()
+			d.run()
+			e.p.wake()
+			return true, nil
+		case st == sentFrag:
+			e.queue(pendingSend{frag: e.lastFrag, tag: tag, cb: cb})
+			e.mu.Unlock()
+			d.run()
+			return false, nil
+		}
+	}
+	if e.err != nil { // drain failed the peer
+		err := e.err
+		e.mu.Unlock()
+		d.run()
+		return false, err
+	}
+	e.queue(pendingSend{frag: -1, tag: tag, hdr: bytes.Clone(hdr), data: data, cb: cb})
+	e.mu.Unlock()
+	d.run()
+	return false, nil
+}
+
+// Alloc returns a fragment buffer of exactly size bytes in this process's
+// segment; the caller fills it and passes it to SendAlloc or Free. It is
+// invalid after Close. ErrWouldBlock when every fragment is in flight.
+func (e *endpoint) Alloc(size int) ([]byte, error) {
+	if size < 0 || size > e.m.cfg.maxSend {
+		return nil, mpierr.Errorf(mpierr.ErrArg, "sm: Alloc(%d): at most %d bytes", size, e.m.cfg.maxSend)
+	}
+	e.mu.Lock()
+	err := e.usable()
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	_, payload, ok := e.m.pool.get(size)
+	if !ok {
+		return nil, btl.ErrWouldBlock
+	}
+	return payload[:size], nil
+}
+
+// SendAlloc sends buf, a buffer from Alloc whose first hdrLen bytes are the
+// header. buf belongs to the module again. done and cb as for Send.
+func (e *endpoint) SendAlloc(tag btl.Tag, buf []byte, hdrLen int, cb btl.Completion) (bool, error) {
+	idx, err := e.m.fragOf(buf)
+	if err != nil {
+		return false, err
+	}
+	if hdrLen < 0 || hdrLen > len(buf) || hdrLen > math.MaxUint16 {
+		return false, mpierr.Errorf(mpierr.ErrArg, "sm: SendAlloc header length %d of %d", hdrLen, len(buf))
+	}
+	e.mu.Lock()
+	if err := e.usable(); err != nil {
+		e.mu.Unlock()
+		e.m.pool.put(idx)
+		return false, err
+	}
+	e.fill(idx, tag, hdrLen, len(buf))
+	var d drained
+	if len(e.pending) > 0 {
+		d = e.drain()
+	}
+	if len(e.pending) == 0 && e.err == nil {
+		switch err := e.post(idx); {
+		case err == nil:
+			e.mu.Unlock()
+			d.run()
+			e.p.wake()
+			return true, nil
+		case !isFull(err):
+			e.mu.Unlock()
+			d.run()
+			e.m.pool.put(idx)
+			return false, err
+		}
+	}
+	if err := e.err; err != nil {
+		e.mu.Unlock()
+		d.run()
+		e.m.pool.put(idx)
+		return false, err
+	}
+	e.queue(pendingSend{frag: idx, tag: tag, cb: cb})
+	e.mu.Unlock()
+	d.run()
+	return false, nil
+}
+
+// Free returns an unsent Alloc buffer.
+func (e *endpoint) Free(buf []byte) {
+	if idx, err := e.m.fragOf(buf); err == nil {
+		e.m.pool.put(idx)
+	}
+}
+
+// fragOf finds the fragment whose payload buf (from Alloc) starts.
+func (m *Module) fragOf(buf []byte) (int, error) {
+	bad := mpierr.Errorf(mpierr.ErrArg, "sm: buffer was not returned by Alloc (or was sent or freed)")
+	if m.closed.Load() {
+		return -1, fmt.Errorf("sm: module closed: %w", btl.ErrClosed)
+	}
+	if cap(buf) == 0 {
+		return -1, bad
+	}
+	off := int(sys.Addr(buf) - sys.Addr(m.seg[:1]))
+	var idx int
+	switch l := &m.lay; {
+	case off >= l.smallOff+fragHdr && off < l.largeOff && (off-l.smallOff-fragHdr)%l.smallStride == 0:
+		idx = (off - l.smallOff - fragHdr) / l.smallStride
+	case off >= l.largeOff+fragHdr && off < l.size && (off-l.largeOff-fragHdr)%l.largeStride == 0:
+		idx = l.smallCount + (off-l.largeOff-fragHdr)/l.largeStride
+	default:
+		return -1, bad
+	}
+	if !m.pool.owned(idx) {
+		return -1, bad
+	}
+	if _, c := m.lay.frag(idx); len(buf) > c {
+		return -1, bad
+	}
+	return idx, nil
+}
+
+// Send outcomes of trySend.
+const (
+	notSent  = iota // no room: nothing changed
+	sent            // posted
+	sentFrag        // copied into fragment e.lastFrag, which could not be posted yet
+)
+
+// trySend posts hdr+data: inline in the fast box when it exists and the
+// fragment is small, else through a fragment. Called with e.mu held.
+func (e *endpoint) trySend(tag btl.Tag, hdr, data []byte) (int, error) {
+	n := len(hdr) + len(data)
+	if e.announced && n <= e.m.lay.inlineLimit {
+		switch err := e.tx.putInline(uint8(tag), hdr, data); {
+		case err == nil:
+			e.sentN++
+			e.sentB += int64(n)
+			return sent, nil
+		case !isFull(err):
+			return notSent, e.brokeProtocol(err)
+		}
+		return notSent, nil
+	}
+	idx, payload, ok := e.m.pool.get(n)
+	if !ok {
+		return notSent, nil
+	}
+	copy(payload, hdr)
+	copy(payload[len(hdr):], data)
+	e.fill(idx, tag, len(hdr), n)
+	switch err := e.post(idx); {
+	case err == nil:
+		return sent, nil
+	case isFull(err):
+		e.lastFrag = idx
+		return sentFrag, nil
+	default:
+		e.m.pool.put(idx)
+		return notSent, err
+	}
+}
+
+// fill writes a fragment's meta and destination words.
+func (e *endpoint) fill(idx int, tag btl.Tag, hdrLen, n int) {
+	off, _ := e.m.lay.frag(idx)
+	// Plain stores: the FIFO slot or fast-box entry that publishes the
+	// fragment is written after them with an atomic store (release).
+	le.PutUint64(e.m.seg[off+fragMeta:], packFragMeta(uint8(tag), 0, hdrLen, n))
+	le.PutUint64(e.m.seg[off+fragDest:], uint64(uint32(e.p.local)))
+}
+
+// post publishes filled fragment idx to the peer: as a fast-box reference
+// once the peer knows the box, else through its FIFO (announcing the fast
+// box on this fragment when it is time). errBoxFull/errFifoFull leave the
+// fragment with the caller. Called with e.mu held.
+func (e *endpoint) post(idx int) error {
+	pool := e.m.pool
+	off, _ := e.m.lay.frag(idx)
+	if e.announced {
+		pool.posting(idx, e.p.local)
+		if err := e.tx.putFrag(idx); err != nil {
+			pool.unpost(idx)
+			if !isFull(err) {
+				return e.brokeProtocol(err)
+			}
+			return err
+		}
+		e.count(idx)
+		return nil
+	}
+	if e.tx == nil && !e.noFbox && e.sends >= e.m.cfg.fboxThreshold {
+		e.setupFbox()
+	}
+	meta, dest := e.m.seg[off+fragMeta:off+fragMeta+8], e.m.seg[off+fragDest:off+fragDest+8]
+	if e.tx != nil {
+		le.PutUint64(meta, le.Uint64(meta)|uint64(flagSetupFbox)<<8)
+		le.PutUint64(dest, uint64(uint32(e.p.local))|uint64(e.tx.index)<<32)
+	}
+	pool.posting(idx, e.p.local)
+	if err := e.p.fifo.push(e.m.local, idx); err != nil {
+		pool.unpost(idx)
+		le.PutUint64(meta, le.Uint64(meta)&^(uint64(flagSetupFbox)<<8))
+		return err
+	}
+	e.sends++
+	e.count(idx)
+	if e.tx != nil {
+		e.announced = true
+	}
+	return nil
+}
+
+func (e *endpoint) count(idx int) {
+	off, _ := e.m.lay.frag(idx)
+	e.sentN++
+	e.sentB += int64(uint32(le.Uint64(e.m.seg[off+fragMeta:]) >> 32))
+}
+
+// setupFbox takes a fast box of own segment for this peer and one of the
+// peer's fast-box credits (btl_sm_fbox_max). Either failing means no fast
+// box for this peer, ever.
+func (e *endpoint) setupFbox() {
+	e.noFbox = true
+	i := int(e.m.nextFbox.Add(1) - 1)
+	if i >= e.m.lay.fboxCount {
+		return
+	}
+	for {
+		v := e.p.fboxAvail.Load()
+		if int64(v) <= 0 || v > maxLocal {
+			return
+		}
+		if e.p.fboxAvail.CompareAndSwap(v, v-1) {
+			break
+		}
+	}
+	e.tx = newTxBox(e.m.seg, &e.m.lay, i)
+	e.noFbox = false
+}
+
+// queue appends a pending send and lists the endpoint for Progress.
+// Called with e.mu held.
+func (e *endpoint) queue(ps pendingSend) {
+	if !e.listed {
+		e.listed = true
+		e.m.pendMu.Lock()
+		e.m.pendEps = append(e.m.pendEps, e)
+		e.m.pendingN.Store(int32(len(e.m.pendEps)))
+		e.m.pendMu.Unlock()
+	}
+	e.pending = append(e.pending, ps)
+}
+
+// drained is what drain completed: callbacks to run once e.mu is released.
+type drained struct {
+	ok     []btl.Completion // posted: called with nil
+	failed []pendingSend    // stopped: called with err
+	err    error
+}
+
+func (d drained) run() {
+	for _, cb := range d.ok {
+		if cb != nil {
+			cb(nil)
+		}
+	}
+	for _, ps := range d.failed {
+		if ps.cb != nil {
+			ps.cb(d.err)
+		}
+	}
+}
+
+// drain posts queued sends in order until one does not fit. A send that
+// fails for good (the peer broke the protocol) fails every queued one.
+// Called with e.mu held.
+func (e *endpoint) drain() drained {
+	var d drained
+	k := 0
+	var err error
+	for ; k < len(e.pending); k++ {
+		ps := &e.pending[k]
+		if ps.frag >= 0 {
+			err = e.post(ps.frag)
+		} else {
+			var st int
+			st, err = e.trySend(ps.tag, ps.hdr, ps.data)
+			switch {
+			case err != nil:
+			case st == sentFrag:
+				ps.frag, ps.hdr, ps.data = e.lastFrag, nil, nil
+				err = errFifoFull
+			case st == notSent:
+				err = errFifoFull
+			}
+		}
+		if err != nil {
+			break
+		}
+		d.ok = append(d.ok, ps.cb)
+	}
+	if k > 0 {
+		clear(e.pending[:k])
+		e.pending = append(e.pending[:0], e.pending[k:]...)
+	}
+	if err != nil && !isFull(err) {
+		if e.err == nil {
+			e.err = err
+		}
+		d.err = e.err
+		d.failed = e.dropPending(nil)
+	}
+	return d
+}
+
+// terminate fails every queued send with err (returned for the caller to
+// complete outside the lock) and makes err the endpoint's terminal error.
+func (e *endpoint) terminate(err error, out []pendingSend) []pendingSend {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.err == nil {
+		e.err = err
+	}
+	return e.dropPending(out)
+}
+
+// dropPending empties the queue, returning its fragments to the pool, and
+// appends the dropped sends to out. Called with e.mu held.
+func (e *endpoint) dropPending(out []pendingSend) []pendingSend {
+	for _, ps := range e.pending {
+		if ps.frag >= 0 {
+			e.m.pool.put(ps.frag)
+		}
+		out = append(out, ps)
+	}
+	e.pending = nil
+	return out
+}
+
+// brokeProtocol fails the peer after it wrote nonsense into shared memory
+// that this process reads as a sender (fast-box control line).
+func (e *endpoint) brokeProtocol(err error) error {
+	err = protoErr(e.p, err)
+	e.m.fail(e.p, err)
+	e.m.events.Store(true)
+	return e.p.failure()
+}
+
+func isFull(err error) bool { return errors.Is(err, errBoxFull) || errors.Is(err, errFifoFull) }
+
+// wake wakes the peer if it announced it sleeps. The load is after the
+// fragment's publication (both sequentially consistent), and the peer
+// announces before its last look for work, so one of the two sees the
+// other.
+func (p *peer) wake() {
+	if uint32(p.state.Load()) != 0 {
+		p.seq.Add(1)
+		sys.FutexWake(p.seq, math.MaxInt32)
+	}
+}

@@ -1,0 +1,207 @@
+package sm
+
+import (
+	"fmt"
+	"sync/atomic"
+)
+
+// Fast boxes: one single-producer single-consumer byte ring per (sender,
+// receiver) pair, in the sender's segment. The sender sets one up after
+// btl_sm_fbox_threshold fragments to a peer and announces it on a FIFO
+// fragment (flag setupFbox); from then on every fragment to that peer goes
+// through the box, small ones inline and the others as a reference to a
+// fragment (kind entryFrag), so the receiver sees them in send order.
+//
+// Ring entries start 16-byte aligned with an 8-byte header word:
+//
+//	bits  0-15 seq     entry count mod 2^16 (skips included)
+//	bits 16-23 kind    entryInline, entrySkip or entryFrag
+//	bits 24-31 tag
+//	bits 32-47 hdrLen  inline: header bytes at the front of the payload
+//	bits 48-63 len     inline: payload bytes; entryFrag: fragment index
+//
+// Publication: the producer copies the payload, writes zero into the header
+// word that follows the entry, then stores the entry's header word with an
+// atomic store (release). The consumer loads a header word atomically
+// (acquire); zero means empty. Because the next header word is zeroed
+// before an entry is published, the consumer never reads a stale header
+// or payload bytes from an earlier lap as an entry (vader had to fix
+// exactly this class of bug more than once: stale headers after wrap,
+// header visible before the data). The seq field is a second check that
+// catches a corrupted ring.
+//
+// The consumer publishes its position in the control line once per quarter
+// ring consumed; the producer re-reads it only when the ring looks full,
+// and refuses a position that moves backwards or beyond what it produced.
+const (
+	entryHdr    = 8
+	entryAlign  = 16
+	entryInline = 1
+	entrySkip   = 2 // the rest of the ring is unused: continue at its start
+	entryFrag   = 3 // the fragment with index len carries the payload
+)
+
+// entry is a decoded ring entry header.
+type entry struct {
+	kind   uint8
+	tag    uint8
+	hdrLen int
+	n      int // inline: payload bytes; frag: fragment index
+	next   int // bytes from this entry's start to the next entry's
+}
+
+func packEntry(seq uint16, kind, tag uint8, hdrLen, n int) uint64 {
+	return uint64(seq) | uint64(kind)<<16 | uint64(tag)<<24 | uint64(hdrLen)<<32 | uint64(n)<<48
+}
+
+// decodeEntry decodes and validates header word w found at ring offset
+// phys of a ring of size bytes whose inline entries may hold up to
+// inlineLimit bytes. Any value of w yields either an entry that lies
+// inside the ring or an error; it never panics.
+func decodeEntry(w uint64, phys, size, inlineLimit int, seq uint16) (entry, error) {
+	e := entry{kind: uint8(w >> 16), tag: uint8(w >> 24), hdrLen: int(uint16(w >> 32)), n: int(uint16(w >> 48))}
+	if s := uint16(w); s != seq {
+		return e, fmt.Errorf("fast box entry at %d: sequence %d, want %d", phys, s, seq)
+	}
+	if phys < 0 || phys%entryAlign != 0 || phys+entryHdr > size {
+		return e, fmt.Errorf("fast box entry at bad offset %d", phys)
+	}
+	switch e.kind {
+	case entryInline:
+		if e.n > inlineLimit || e.hdrLen > e.n {
+			return e, fmt.Errorf("fast box entry at %d: %d bytes (header %d), limit %d", phys, e.n, e.hdrLen, inlineLimit)
+		}
+		e.next = alignUp(entryHdr+e.n, entryAlign)
+		if phys+e.next > size {
+			return e, fmt.Errorf("fast box entry at %d: %d bytes run past the %d-byte ring", phys, e.n, size)
+		}
+	case entrySkip:
+		if phys == 0 || w>>32 != 0 {
+			return e, fmt.Errorf("fast box skip entry at %d (%#x)", phys, w)
+		}
+		e.next = size - phys
+	case entryFrag:
+		if e.hdrLen != 0 {
+			return e, fmt.Errorf("fast box fragment entry at %d: header length %d", phys, e.hdrLen)
+		}
+		e.next = entryAlign
+	default:
+		return e, fmt.Errorf("fast box entry at %d: kind %d", phys, e.kind)
+	}
+	return e, nil
+}
+
+// txBox is the producer side of a fast box, in this process's segment.
+// Guarded by the owning endpoint's send lock.
+type txBox struct {
+	index    int
+	ring     []byte         // fboxSize bytes
+	ctrl     *atomic.Uint64 // consumed position, written by the receiver
+	size     uint64         // a power of two
+	pos      uint64         // next entry position (monotonic; the offset is pos % size)
+	seq      uint16
+	consumed uint64 // last consumed position read from ctrl
+}
+
+func newTxBox(seg []byte, l *layout, index int) *txBox {
+	off := l.fbox(index)
+	return &txBox{index: index, ring: seg[off+line : off+line+l.fboxSize : off+line+l.fboxSize],
+		ctrl: word64(seg, off), size: uint64(l.fboxSize)}
+}
+
+// errBoxFull: the ring has no room now; retry after the receiver polls.
+var errBoxFull = fmt.Errorf("fast box full")
+
+// reserve makes room for an entry of need bytes (aligned) and returns its
+// ring offset, first writing a skip entry when the entry would not fit
+// before the end of the ring. An error other than errBoxFull means the
+// receiver published a consumed position that cannot be right.
+func (b *txBox) reserve(need uint64) (int, error) {
+	phys := b.pos & (b.size - 1)
+	skip := uint64(0)
+	if phys+need > b.size {
+		skip = b.size - phys
+	}
+	total := skip + need + entryHdr // + the zeroed header word after the entry
+	if b.pos+total-b.consumed > b.size {
+		c := b.ctrl.Load()
+		if c < b.consumed || c > b.pos {
+			return 0, fmt.Errorf("fast box %d: receiver reports consumed position %d outside [%d,%d]", b.index, c, b.consumed, b.pos)
+		}
+		b.consumed = c
+		if b.pos+total-b.consumed > b.size {
+			return 0, errBoxFull
+		}
+	}
+	if skip > 0 {
+		putZero(b.ring, 0)
+		word64(b.ring, int(phys)).Store(packEntry(b.seq, entrySkip, 0, 0, 0))
+		b.seq++
+		b.pos += skip
+		phys = 0
+	}
+	return int(phys), nil
+}
+
+// publish ends the entry reserved at phys: zero the next header word, then
+// store the header (release).
+func (b *txBox) publish(phys int, need uint64, w uint64) {
+	b.pos += need
+	putZero(b.ring, int(b.pos&(b.size-1)))
+	word64(b.ring, phys).Store(w)
+	b.seq++
+}
+
+// putInline copies hdr and data into the ring as one inline entry.
+func (b *txBox) putInline(tag uint8, hdr, data []byte) error {
+	n := len(hdr) + len(data)
+	need := uint64(alignUp(entryHdr+n, entryAlign))
+	phys, err := b.reserve(need)
+	if err != nil {
+		return err
+	}
+	p := phys + entryHdr
+	copy(b.ring[p:], hdr)
+	copy(b.ring[p+len(hdr):], data)
+	b.publish(phys, need, packEntry(b.seq, entryInline, tag, len(hdr), n))
+	return nil
+}
+
+// putFrag queues a reference to fragment idx.
+func (b *txBox) putFrag(idx int) error {
+	phys, err := b.reserve(entryAlign)
+	if err != nil {
+		return err
+	}
+	b.publish(phys, entryAlign, packEntry(b.seq, entryFrag, 0, 0, idx))
+	return nil
+}
+
+// putZero writes a zero header word at off with a plain store: it is
+// ordered before the atomic store that publishes the entry in front of it.
+func putZero(ring []byte, off int) {
+	clear(ring[off : off+entryHdr])
+}
+
+// rxBox is the consumer side of a peer's fast box: the ring lives in the
+// peer's segment. Guarded by the module's poll lock.
+type rxBox struct {
+	p            *peer
+	index        int
+	ring         []byte
+	ctrl         *atomic.Uint64
+	size         int
+	mask         uint64 // size-1 (size is a power of two)
+	inlineLimit  int
+	pos          uint64
+	seq          uint16
+	published    uint64 // last position stored in ctrl
+	publishEvery uint64 // size/4
+}
+
+func newRxBox(p *peer, index int) *rxBox {
+	off := p.lay.fbox(index)
+	return &rxBox{p: p, index: index, ring: p.seg[off+line : off+line+p.lay.fboxSize : off+line+p.lay.fboxSize],
+		ctrl: word64(p.seg, off), size: p.lay.fboxSize, mask: uint64(p.lay.fboxSize - 1),
+		inlineLimit: p.lay.inlineLimit, publishEvery: uint64(p.lay.fboxSize / 4)}
+}

@@ -1,0 +1,509 @@
+package sm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/internal/sys"
+)
+
+// Module is one process's sm transport. Its methods and its endpoints
+// are safe for concurrent use; Progress delivers on one goroutine at a time
+// (a concurrent call returns 0). Completions of queued sends run on the
+// goroutine that posts them (Progress or a later send on the endpoint),
+// never with an endpoint lock or the poll lock held.
+type Module struct {
+	env   *btl.Env
+	cfg   config
+	id    hostID
+	rank  int
+	local int
+	pid   int
+	nonce uint64
+
+	file *os.File // the memfd; open until Close so peers can reach it
+	seg  []byte   // own segment
+	lay  layout
+	fifo fifo
+	// Own shared words.
+	state     *atomic.Uint64 // state<<32 | sleepers
+	seq       *atomic.Uint32 // futex word
+	fboxAvail *atomic.Uint64
+
+	caps   atomic.Uint32 // btl.Caps; put/get dropped when a peer refuses CMA
+	closed atomic.Bool
+	pool   *fragPool
+
+	peers     []peerSlot    // by local rank
+	resolveMu sync.Mutex    // one resolve at a time
+	byRankMu  sync.Mutex    // guards byRank
+	byRank    map[int]*peer // world rank -> peer, for every local peer found
+	resolved  bool          // guarded by resolveMu: every local peer was looked up
+
+	nextFbox atomic.Int32 // next unused fast box index of own segment
+
+	// Progress state: pollMu is held by the one goroutine polling.
+	pollMu    sync.Mutex
+	head      uint64        // guarded by pollMu: next FIFO position
+	rx        []*rxBox      // guarded by pollMu: fast boxes polled
+	pollCount uint64        // guarded by pollMu: Progress calls
+	polls     atomic.Uint64 // pollCount every 64 calls, to tell whether someone else polls
+	events    atomic.Bool   // a peer failed or closed: Progress must look
+	recvN     int64         // guarded by pollMu
+	recvB     int64         // guarded by pollMu
+	recvSnapN atomic.Int64  // recvN as Counters last read it
+	recvSnapB atomic.Int64
+	later     []drained // guarded by pollMu: completions for Progress to run once unlocked
+
+	pendMu   sync.Mutex
+	pendEps  []*endpoint // guarded by pendMu: endpoints with queued sends
+	pendingN atomic.Int32
+
+	lifeMu sync.RWMutex   // read-held by Block while it touches own segment; Close write-locks
+	mapMu  sync.Mutex     // held while connect maps a segment and while Close unmaps
+	bg     sync.WaitGroup // watcher and wake-helper goroutines
+
+	regMu sync.Mutex
+	regs  map[*registration]struct{} // guarded by regMu: live registrations
+
+	puts, putBytes, gets, getBytes atomic.Int64
+}
+
+var (
+	_ btl.Module  = (*Module)(nil)
+	_ btl.Poller  = (*Module)(nil)
+	_ btl.Counted = (*Module)(nil)
+)
+
+type peerSlot struct {
+	mu sync.Mutex // serializes connecting
+	p  atomic.Pointer[peer]
+}
+
+// peer is another process on this host, as this module knows it.
+type peer struct {
+	m     *Module
+	local int
+	rank  int
+	pid   int
+	ep    *endpoint
+
+	seg       []byte // the peer's segment (nil when the peer was gone before it could be mapped)
+	lay       layout // validated copy of its layout
+	fifo      fifo
+	state     *atomic.Uint64
+	seq       *atomic.Uint32
+	fboxAvail *atomic.Uint64
+	watch     *sys.PidWatch
+	cmaErr    error // why Put/Get to it are not possible (nil: they are)
+
+	failed   atomic.Pointer[error] // why it failed (dead, broke the protocol); set once
+	closed   atomic.Bool           // it closed its module
+	reported bool                  // guarded by m.pollMu: PeerFailed was called
+	rx       *rxBox                // guarded by m.pollMu: its fast box to us
+}
+
+func (p *peer) failure() error {
+	if e := p.failed.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+func newModule(env *btl.Env, cfg config) (*Module, error) {
+	m := &Module{env: env, cfg: cfg, id: localHostID(), rank: env.Rank, local: env.LocalRank,
+		pid: os.Getpid(), nonce: randomNonce(), peers: make([]peerSlot, env.LocalSize), byRank: map[int]*peer{},
+		regs: map[*registration]struct{}{}}
+	m.caps.Store(uint32(cfg.caps))
+	lay, err := plan(cfg.segmentSize, fifoSlots, env.LocalSize-1, cfg.fboxSize, cfg.fboxMax, cfg.limits.EagerLimit, cfg.maxSend)
+	if err != nil {
+		return nil, fmt.Errorf("sm: %s: %w", paramSegmentSize, mpierr.Errorf(mpierr.ErrArg, "%v", err))
+	}
+	m.lay = lay
+	f, err := sys.MemfdCreate(fmt.Sprintf("gompi-sm.%s.%d", env.JobID, env.Rank))
+	if err != nil {
+		return nil, mpierr.Errorf(mpierr.ErrNotSupported, "sm: %v", err)
+	}
+	// A memfd is reachable only through this process's descriptor table
+	// (/proc/<pid>/fd/<fd>: same user, ptrace-readable); 0600 makes the
+	// owner-only intent explicit.
+	if err := f.Chmod(0o600); err == nil {
+		err = f.Truncate(int64(lay.size))
+		if err == nil {
+			m.seg, err = sys.MapShared(f, lay.size)
+		}
+		if err != nil {
+			f.Close()
+			return nil, mpierr.Errorf(mpierr.ErrNotSupported, "sm: segment of %d bytes: %v", lay.size, err)
+		}
+	} else {
+		f.Close()
+		return nil, mpierr.Errorf(mpierr.ErrNotSupported, "sm: %v", err)
+	}
+	m.file = f
+	m.lay.writeHeader(m.seg, m.pid, m.rank, m.local, m.nonce)
+	m.fifo = newFifo(m.seg, &m.lay)
+	m.fifo.init()
+	m.state = word64(m.seg, offState)
+	m.seq = word32(m.seg, offSeq)
+	m.fboxAvail = word64(m.seg, offFboxAvail)
+	m.fboxAvail.Store(uint64(cfg.fboxMax))
+	m.pool = newFragPool(m.seg, &m.lay)
+
+	e := wireEntry{rank: m.rank, local: m.local, localSize: env.LocalSize, pid: m.pid, fd: int(f.Fd()),
+		size: lay.size, nonce: m.nonce, id: m.id}
+	b := e.encode()
+	for _, k := range []string{rankKey(m.rank), localKey(m.id.host, m.local)} {
+		if err := env.Store.Set(k, b); err != nil {
+			m.release()
+			return nil, fmt.Errorf("sm: publish %s: %w", k, err)
+		}
+	}
+	env.Logf("sm: rank %d (local %d of %d) segment %d bytes: %d eager + %d max-size fragments, %d fast boxes, caps %v",
+		m.rank, m.local, env.LocalSize, lay.size, lay.smallCount, lay.largeCount, lay.fboxCount, btl.Caps(m.caps.Load()))
+	return m, nil
+}
+
+func (m *Module) Name() string       { return Name }
+func (m *Module) Caps() btl.Caps     { return btl.Caps(m.caps.Load()) }
+func (m *Module) Limits() btl.Limits { return m.cfg.limits }
+func (m *Module) Exclusivity() int   { return m.cfg.exclusivity }
+func (m *Module) Latency() int       { return latencyUS }
+
+func (m *Module) Bandwidth() int {
+	if m.Caps()&btl.CapRDMA != 0 {
+		return bandwidthSCopy
+	}
+	return bandwidthMbps
+}
+
+// Counters returns the traffic counters.
+func (m *Module) Counters() btl.Counters {
+	c := btl.Counters{Puts: m.puts.Load(), PutBytes: m.putBytes.Load(), Gets: m.gets.Load(), GetBytes: m.getBytes.Load()}
+	// The receive counters are Progress's plain fields: read them when
+	// nobody polls, else (a handler asking) the last value read.
+	if m.pollMu.TryLock() {
+		m.recvSnapN.Store(m.recvN)
+		m.recvSnapB.Store(m.recvB)
+		m.pollMu.Unlock()
+	}
+	c.FragsRecv, c.BytesRecv = m.recvSnapN.Load(), m.recvSnapB.Load()
+	for i := range m.peers {
+		if p := m.peers[i].p.Load(); p != nil {
+			p.ep.mu.Lock()
+			c.FragsSent += p.ep.sentN
+			c.BytesSent += p.ep.sentB
+			p.ep.mu.Unlock()
+		}
+	}
+	return c
+}
+
+// AddProc returns the endpoint to world rank peer when it runs on this
+// host. The first call looks up (waiting up to btl_sm_wireup_timeout) and
+// maps every other local rank's segment. A local peer that died before it
+// could be mapped still gets an endpoint: its operations fail and
+// PeerFailed reports it.
+func (m *Module) AddProc(rank int) (btl.Endpoint, error) {
+	if m.closed.Load() {
+		return nil, btl.ErrClosed
+	}
+	if rank == m.rank {
+		return nil, fmt.Errorf("sm: rank %d is this process (btl self serves it): %w", rank, btl.ErrUnreachable)
+	}
+	if err := m.resolve(); err != nil {
+		return nil, err
+	}
+	m.byRankMu.Lock()
+	p := m.byRank[rank]
+	m.byRankMu.Unlock()
+	if p == nil {
+		return nil, fmt.Errorf("sm: rank %d is not on this host (%s): %w", rank, m.id.host, btl.ErrUnreachable)
+	}
+	return p.ep, nil
+}
+
+// resolve connects every local rank once. Ranks whose entry does not
+// appear within btl_sm_wireup_timeout are left out: AddProc finds them
+// unreachable.
+func (m *Module) resolve() error {
+	m.resolveMu.Lock()
+	defer m.resolveMu.Unlock()
+	if m.resolved {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.wireTimeout)
+	defer cancel()
+	var missing []string
+	for l := range m.peers {
+		if l == m.local {
+			continue
+		}
+		if _, err := m.connect(ctx, l); err != nil {
+			if m.closed.Load() {
+				return btl.ErrClosed
+			}
+			missing = append(missing, fmt.Sprintf("local rank %d: %v", l, err))
+		}
+	}
+	if len(missing) > 0 {
+		// Not retried by AddProc (each try would wait again); such a rank
+		// is connected later only if it sends to us.
+		m.env.Logf("sm: rank %d: local ranks not reachable by shared memory: %v", m.rank, missing)
+	}
+	m.resolved = true
+	return nil
+}
+
+// peerAt returns the peer with local rank l, connecting it if needed (from
+// Progress, for a sender we have not looked up yet).
+func (m *Module) peerAt(l int) *peer {
+	if l < 0 || l >= len(m.peers) || l == m.local {
+		return nil
+	}
+	if p := m.peers[l].p.Load(); p != nil {
+		return p
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.wireTimeout)
+	defer cancel()
+	p, err := m.connect(ctx, l)
+	if err != nil {
+		m.env.Logf("sm: rank %d: fragment from local rank %d, which cannot be reached: %v", m.rank, l, err)
+	}
+	return p
+}
+
+// connect looks up local rank l in the store and maps its segment. An
+// error means l is not (yet) reachable; a peer that is found but gone is
+// returned marked failed.
+func (m *Module) connect(ctx context.Context, l int) (*peer, error) {
+	s := &m.peers[l]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.p.Load(); p != nil {
+		return p, nil
+	}
+	b, err := m.env.Store.Get(ctx, localKey(m.id.host, l))
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	e, err := decodeWire(b)
+	if err != nil {
+		return nil, err
+	}
+	if e.id != m.id || e.local != l || e.localSize != len(m.peers) || e.rank == m.rank {
+		return nil, fmt.Errorf("rank %d (local %d of %d, %v) does not share this kernel and user (%v): %w",
+			e.rank, e.local, e.localSize, e.id, m.id, btl.ErrUnreachable)
+	}
+	p := &peer{m: m, local: l, rank: e.rank, pid: e.pid}
+	p.ep = &endpoint{m: m, p: p}
+	m.mapMu.Lock() // release waits until the mapping is recorded
+	defer m.mapMu.Unlock()
+	if m.closed.Load() {
+		return nil, btl.ErrClosed
+	}
+	gone := false
+	if err := m.mapPeer(p, e); err != nil {
+		err = fmt.Errorf("sm: rank %d (pid %d) is gone: %v: %w", e.rank, e.pid, err, mpierr.ErrProcFailed)
+		p.failed.Store(&err)
+		gone = true
+	} else if m.Caps()&btl.CapRDMA != 0 {
+		if err := sys.CMAPermitted(p.pid); err != nil {
+			p.cmaErr = err
+			m.caps.Store(m.caps.Load() &^ uint32(btl.CapRDMA))
+			setStatus("single copy: none (%v)", err)
+			m.env.Logf("sm: rank %d: put/get disabled: %v", m.rank, err)
+		}
+	}
+	m.byRankMu.Lock()
+	m.byRank[p.rank] = p
+	m.byRankMu.Unlock()
+	s.p.Store(p)
+	if gone { // after the Store: Progress must find p when it looks
+		m.events.Store(true)
+		m.kick()
+	}
+	return p, nil
+}
+
+// mapPeer maps the segment that entry e names, checks it is that rank's,
+// and starts watching the process.
+func (m *Module) mapPeer(p *peer, e wireEntry) error {
+	w, err := sys.WatchPid(e.pid)
+	if err != nil {
+		return err
+	}
+	seg, err := m.openSegment(e)
+	if err != nil {
+		w.Close()
+		return err
+	}
+	lay, id, err := readHeader(seg)
+	if err == nil && (id.nonce != e.nonce || id.pid != e.pid || id.rank != e.rank || id.local != e.local) {
+		err = errors.New("segment belongs to another process (pid reused?)")
+	}
+	if err != nil {
+		sys.Unmap(seg)
+		w.Close()
+		return err
+	}
+	p.seg, p.lay, p.watch = seg, lay, w
+	p.fifo = newFifo(seg, &p.lay)
+	p.state = word64(seg, offState)
+	p.seq = word32(seg, offSeq)
+	p.fboxAvail = word64(seg, offFboxAvail)
+	m.bg.Add(1)
+	go m.watchPeer(p)
+	return nil
+}
+
+// openSegment maps a peer's memfd through /proc/<pid>/fd/<fd>. The link
+// is checked first to be the job's memfd, so a reused pid never makes us
+// open some other file of that process (a FIFO, a device).
+func (m *Module) openSegment(e wireEntry) ([]byte, error) {
+	path := "/proc/" + strconv.Itoa(e.pid) + "/fd/" + strconv.Itoa(e.fd)
+	link, err := os.Readlink(path)
+	if err != nil {
+		return nil, err
+	}
+	want := fmt.Sprintf("/memfd:gompi-sm.%s.%d", m.env.JobID, e.rank)
+	if len(link) < len(want) || link[:len(want)] != want {
+		return nil, fmt.Errorf("%s is %q, not the rank's segment", path, link)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() || st.Size() != int64(e.size) {
+		return nil, fmt.Errorf("%s: %v, %d bytes; want a %d-byte segment", path, st.Mode(), st.Size(), e.size)
+	}
+	return sys.MapShared(f, e.size)
+}
+
+// watchPeer reports the exit of a peer's process.
+func (m *Module) watchPeer(p *peer) {
+	defer m.bg.Done()
+	if err := p.watch.Wait(); err != nil {
+		return // closed
+	}
+	if p.state.Load()>>32 == stateClosed {
+		p.closed.Store(true)
+	} else {
+		m.fail(p, fmt.Errorf("sm: rank %d (pid %d) exited: %w", p.rank, p.pid, mpierr.ErrProcFailed))
+	}
+	m.events.Store(true)
+	m.kick() // the segment stays mapped until Close has waited for this goroutine
+}
+
+// fail records that p failed (first reason wins) and makes Progress report
+// it. It takes no lock: senders call it with their endpoint locked.
+func (m *Module) fail(p *peer, err error) {
+	if p.failed.CompareAndSwap(nil, &err) {
+		m.events.Store(true)
+	}
+}
+
+func protoErr(p *peer, err error) error {
+	return fmt.Errorf("sm: rank %d broke the shared-memory protocol: %v: %w (%w)", p.rank, err, mpierr.ErrProtocol, mpierr.ErrProcFailed)
+}
+
+// kick wakes every goroutine of this process sleeping or napping in Block.
+// The caller makes sure the segment is still mapped: it runs before Close
+// unmaps (holding lifeMu or pollMu, or counted in bg, or before closed).
+func (m *Module) kick() {
+	m.seq.Add(1)
+	sys.FutexWake(m.seq, math.MaxInt32)
+}
+
+// Close tears the module down: it marks its segment closed (senders then
+// fail with ErrClosed), completes queued sends with ErrClosed, stops the
+// watchers, and unmaps every segment. Buffers from Alloc and fragments
+// handed to handlers must not be used after Close. Close is idempotent and
+// safe to call after kill.
+func (m *Module) Close() error {
+	return m.shutdown(stateClosed)
+}
+
+// kill ends the module as the crash of its process would look to peers in
+// this process (the test hook behind btltest.Peer.Kill): its segment says
+// dead, and it says nothing else.
+func (m *Module) kill() {
+	m.shutdown(stateDead)
+}
+
+func (m *Module) shutdown(state uint64) error {
+	if !m.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	// Tell the peers, and wake them so they look.
+	for {
+		old := m.state.Load()
+		if m.state.CompareAndSwap(old, state<<32|old&0xFFFFFFFF) {
+			break
+		}
+	}
+	m.kick()
+	for i := range m.peers {
+		if p := m.peers[i].p.Load(); p != nil && p.seg != nil {
+			p.seq.Add(1)
+			sys.FutexWake(p.seq, math.MaxInt32)
+		}
+	}
+	m.pollMu.Lock() // no Progress in flight from here on
+	var cbs []pendingSend
+	for i := range m.peers {
+		if p := m.peers[i].p.Load(); p != nil {
+			cbs = p.ep.terminate(fmt.Errorf("sm: module closed: %w", btl.ErrClosed), cbs)
+		}
+	}
+	m.pollMu.Unlock()
+	drained{failed: cbs, err: fmt.Errorf("sm: module closed: %w", btl.ErrClosed)}.run()
+	// Lock order everywhere: lifeMu, pollMu, a peer slot's mu, mapMu.
+	m.lifeMu.Lock() // Block calls are out
+	m.pollMu.Lock() // Progress too
+	m.mapMu.Lock()  // a connect in flight has recorded its peer; later ones see closed
+	for i := range m.peers {
+		if p := m.peers[i].p.Load(); p != nil && p.watch != nil {
+			p.watch.Close()
+		}
+	}
+	m.bg.Wait() // watchers and wake helpers are out
+	m.release()
+	m.mapMu.Unlock()
+	m.pollMu.Unlock()
+	m.lifeMu.Unlock()
+	m.releaseAll()
+	return nil
+}
+
+// release unmaps every segment and closes the memfd. Called with mapMu
+// held (or before the module is published).
+func (m *Module) release() {
+	for i := range m.peers {
+		if p := m.peers[i].p.Load(); p != nil && p.seg != nil {
+			sys.Unmap(p.seg)
+			p.seg = nil
+		}
+	}
+	if m.seg != nil {
+		sys.Unmap(m.seg)
+		m.seg = nil
+	}
+	if m.file != nil {
+		m.file.Close()
+		m.file = nil
+	}
+}

@@ -1,0 +1,384 @@
+package sm
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/internal/sys"
+)
+
+// pollBudget bounds the fragments taken from each fast box and from the
+// FIFO in one Progress call (vader: 31).
+const pollBudget = 31
+
+// Block's sleeps.
+const (
+	napTime    = 2 * time.Millisecond   // unannounced sleep while another goroutine polls
+	sleepTime  = 100 * time.Millisecond // announced sleep; senders wake it
+	pendingNap = 50 * time.Microsecond  // own sends are queued: look again soon
+)
+
+// Progress polls the fast boxes, then the FIFO (at most pollBudget
+// fragments each), dispatching every fragment on the calling goroutine,
+// then posts queued sends and reports failed peers. It returns the number
+// of events handled. One goroutine polls at a time: a concurrent call
+// returns 0 at once. No allocation and no system call unless a peer is
+// being connected, woken or reported.
+func (m *Module) Progress() int {
+	if !m.pollMu.TryLock() {
+		return 0
+	}
+	n := m.progress()
+	later := m.later
+	m.later = nil
+	m.pollMu.Unlock()
+	for _, d := range later { // completions run without the poll lock
+		d.run()
+	}
+	return n
+}
+
+func (m *Module) progress() int {
+	if m.closed.Load() {
+		return 0
+	}
+	m.pollCount++
+	c := m.pollCount
+	if c&63 == 0 {
+		m.polls.Store(c) // for Block: someone polls (coarse, saves an atomic add per call)
+	}
+	n := 0
+	for _, b := range m.rx {
+		if b.p.failed.Load() == nil {
+			n += m.pollBox(b, pollBudget)
+		}
+	}
+	n += m.pollFifo()
+	if m.pendingN.Load() > 0 {
+		n += m.drainAll()
+	}
+	// Peers' state words are looked at on events and every 1024 polls
+	// (catches a peer that closed while nothing else happened).
+	if m.events.Load() || c&1023 == 0 {
+		n += m.handleEvents()
+	}
+	return n
+}
+
+// pollBox takes up to budget entries from fast box b. A malformed entry
+// fails the peer with a protocol error; nothing outside the ring is read.
+func (m *Module) pollBox(b *rxBox, budget int) int {
+	pos, seq := b.pos, b.seq
+	n, bytes := 0, 0
+	for n < budget {
+		phys := int(pos & b.mask)
+		w := word64(b.ring, phys).Load()
+		if w == 0 {
+			break
+		}
+		e, err := decodeEntry(w, phys, b.size, b.inlineLimit, seq)
+		if err != nil {
+			m.fail(b.p, protoErr(b.p, err))
+			break
+		}
+		seq++
+		switch e.kind {
+		case entryInline:
+			p := phys + entryHdr
+			m.env.Dispatch.Dispatch(b.p.ep, btl.Tag(e.tag), b.ring[p:p+e.hdrLen:p+e.hdrLen], b.ring[p+e.hdrLen:p+e.n:p+e.n])
+			bytes += e.n
+			n++
+		case entryFrag:
+			k, ok := m.recvFrag(b.p, e.n, false)
+			if !ok {
+				budget = 0 // the peer is failed: stop here
+			}
+			bytes += k
+			n++
+		}
+		pos += uint64(e.next)
+	}
+	if pos != b.pos {
+		b.pos, b.seq = pos, seq
+		if pos-b.published >= b.publishEvery || b.p.failed.Load() != nil {
+			// The sender may reuse the space. Publishing once per quarter
+			// ring saves a store to a shared line per fragment and never
+			// stalls the sender: with everything consumed, at most a
+			// quarter of the ring is unpublished, and the largest inline
+			// entry with its skip takes at most half.
+			b.ctrl.Store(pos)
+			b.published = pos
+		}
+		m.recvN += int64(n)
+		m.recvB += int64(bytes)
+	}
+	return n
+}
+
+// pollFifo takes up to pollBudget fragments from own FIFO.
+func (m *Module) pollFifo() int {
+	h := m.head
+	n, bytes := 0, 0
+	for n < pollBudget {
+		l, idx, ok := m.fifo.pop(h)
+		if !ok {
+			break
+		}
+		h++
+		n++
+		p := m.peerAt(l)
+		if p == nil || p.seg == nil || p.failed.Load() != nil {
+			continue // a dead or unknown sender: nobody to deliver for
+		}
+		k, _ := m.recvFrag(p, idx, true)
+		bytes += k
+	}
+	if n > 0 {
+		m.head = h
+		m.recvN += int64(n)
+		m.recvB += int64(bytes)
+	}
+	return n
+}
+
+// recvFrag delivers fragment idx of peer p and hands it back to p. It
+// returns the fragment's size and false when the fragment was malformed
+// (p is then failed).
+func (m *Module) recvFrag(p *peer, idx int, viaFifo bool) (int, bool) {
+	if idx < 0 || idx >= p.lay.nfrags() {
+		m.fail(p, protoErr(p, fmt.Errorf("fragment index %d of %d", idx, p.lay.nfrags())))
+		return 0, false
+	}
+	off, capacity := p.lay.frag(idx)
+	f, err := decodeFrag(word64(p.seg, off+fragMeta).Load(), word64(p.seg, off+fragDest).Load(), capacity, m.local)
+	if err == nil && f.flags&flagSetupFbox != 0 {
+		switch {
+		case !viaFifo || p.rx != nil:
+			err = errors.New("second fast-box set-up")
+		case f.fbox >= p.lay.fboxCount:
+			err = fmt.Errorf("fast box %d of %d", f.fbox, p.lay.fboxCount)
+		default:
+			m.addRx(newRxBox(p, f.fbox))
+		}
+	}
+	if err != nil {
+		m.fail(p, protoErr(p, err))
+		return 0, false
+	}
+	pl := off + fragHdr
+	m.env.Dispatch.Dispatch(p.ep, btl.Tag(f.tag), p.seg[pl:pl+f.hdrLen:pl+f.hdrLen], p.seg[pl+f.hdrLen:pl+f.n:pl+f.n])
+	word64(p.seg, off+fragState).Store(0) // release: the sender may reuse it
+	return f.n, true
+}
+
+func (m *Module) addRx(b *rxBox) {
+	b.p.rx = b
+	m.rx = append(m.rx, b)
+}
+
+func (m *Module) dropRx(p *peer) {
+	if p.rx == nil {
+		return
+	}
+	m.rx = slices.DeleteFunc(m.rx, func(b *rxBox) bool { return b.p == p })
+	p.rx = nil
+}
+
+// drainAll posts queued sends of every endpoint that has some.
+func (m *Module) drainAll() int {
+	m.pendMu.Lock()
+	eps := slices.Clone(m.pendEps)
+	m.pendMu.Unlock()
+	n := 0
+	for _, e := range eps {
+		e.mu.Lock()
+		var d drained
+		if e.err == nil {
+			d = e.drain()
+		}
+		if len(e.pending) == 0 {
+			e.listed = false
+			m.pendMu.Lock()
+			m.pendEps = slices.DeleteFunc(m.pendEps, func(x *endpoint) bool { return x == e })
+			m.pendingN.Store(int32(len(m.pendEps)))
+			m.pendMu.Unlock()
+		}
+		e.mu.Unlock()
+		if len(d.ok) > 0 {
+			e.p.wake()
+		}
+		if len(d.ok)+len(d.failed) > 0 {
+			m.later = append(m.later, d)
+		}
+		n += len(d.ok) + len(d.failed)
+	}
+	return n
+}
+
+// handleEvents looks at every peer: a peer that closed gets its queued
+// sends failed with ErrClosed; a failed one is reported to the Dispatcher
+// once (after what it sent before dying is delivered), its queued sends
+// fail, and the fragments posted to it come back.
+func (m *Module) handleEvents() int {
+	m.events.Store(false)
+	n := 0
+	for i := range m.peers {
+		p := m.peers[i].p.Load()
+		if p == nil || p.reported {
+			continue
+		}
+		if p.seg != nil && p.failure() == nil && !p.closed.Load() {
+			switch p.state.Load() >> 32 {
+			case stateDead:
+				m.fail(p, fmt.Errorf("sm: rank %d died: %w", p.rank, mpierr.ErrProcFailed))
+			case stateClosed:
+				p.closed.Store(true)
+			}
+		}
+		err := p.failure()
+		if err == nil {
+			if p.closed.Load() {
+				p.reported = true
+				cerr := fmt.Errorf("sm: rank %d closed its shared-memory transport: %w", p.rank, btl.ErrClosed)
+				failed := p.ep.terminate(cerr, nil)
+				m.pool.reclaim(p.local)
+				m.later = append(m.later, drained{failed: failed, err: cerr})
+			}
+			continue
+		}
+		if p.rx != nil && !errors.Is(err, mpierr.ErrProtocol) {
+			// Deliver what the peer sent before it died (bounded).
+			for i := 0; i < 1024 && m.pollBox(p.rx, pollBudget) > 0; i++ {
+			}
+		}
+		p.reported = true
+		m.dropRx(p)
+		failed := p.ep.terminate(err, nil)
+		m.pool.reclaim(p.local)
+		m.env.Logf("sm: rank %d: peer rank %d failed: %v", m.rank, p.rank, err)
+		m.env.Dispatch.PeerFailed(p.rank, err)
+		m.later = append(m.later, drained{failed: failed, err: err})
+		n++
+	}
+	return n
+}
+
+// look is Block's look for work: would Progress find something? It
+// waits for a Progress in flight to finish (that one may take the work).
+func (m *Module) look() bool {
+	if m.events.Load() || m.closed.Load() {
+		return true
+	}
+	m.pollMu.Lock()
+	work := m.fifo.peekFull(m.head)
+	for _, b := range m.rx {
+		work = work || word64(b.ring, int(b.pos&b.mask)).Load() != 0
+	}
+	m.pollMu.Unlock()
+	return work
+}
+
+func signalled(wake <-chan struct{}) bool {
+	select {
+	case <-wake:
+		return true
+	default:
+		return false
+	}
+}
+
+// sustainedPolls is how many Progress calls during one nap mean another
+// goroutine is polling in a loop (one that spins makes tens of thousands
+// in napTime; the PML's background goroutine makes about a hundred each
+// time it wakes).
+const sustainedPolls = 1024
+
+// Block waits until Progress may find work, wake is signalled (or closed),
+// or the module closes; it may return early. It first watches shared
+// memory for up to btl_sm_spin (never when oversubscribed). It then sleeps
+// on the futex word of its own segment:
+//
+//   - while another goroutine of this process keeps calling Progress, in
+//     naps of napTime that senders are not told about (they pay no system
+//     call; the poller delivers);
+//   - otherwise announced: it adds itself to the sleepers count in its
+//     segment, looks for work once more and sleeps; a sender that finds
+//     the count non-zero after publishing bumps the futex word and wakes it.
+//
+// A blocked module costs no CPU beyond one wake-up per sleepTime.
+func (m *Module) Block(wake <-chan struct{}) {
+	m.lifeMu.RLock()
+	defer m.lifeMu.RUnlock()
+	if signalled(wake) || m.look() {
+		return
+	}
+	p0 := m.polls.Load()
+	others := false
+	if spin := m.cfg.spin; spin > 0 {
+		start := time.Now()
+		for i := 1; ; i++ {
+			if i%8 == 0 && (m.look() || signalled(wake)) { // look takes the poll lock: not every turn
+				return
+			}
+			if m.polls.Load() != p0 {
+				others = true
+				break
+			}
+			if i%64 == 0 {
+				if time.Since(start) > spin {
+					break
+				}
+				runtime.Gosched()
+			}
+		}
+	}
+	woken := new(atomic.Bool)
+	if wake != nil {
+		stop := make(chan struct{})
+		m.bg.Add(1)
+		go m.wakeHelper(wake, stop, woken)
+		defer close(stop)
+	}
+	for {
+		s := m.seq.Load()
+		if m.look() || woken.Load() {
+			return
+		}
+		if m.pendingN.Load() > 0 {
+			sys.FutexWait(m.seq, s, pendingNap)
+			return
+		}
+		if others {
+			sys.FutexWait(m.seq, s, napTime)
+			p1 := m.polls.Load()
+			others, p0 = p1-p0 >= sustainedPolls, p1
+			continue
+		}
+		m.state.Add(1) // announce: senders now wake us
+		if !m.look() && !woken.Load() {
+			sys.FutexWait(m.seq, s, sleepTime)
+			// Peers also wake us when they close or die: have Progress
+			// look at their state.
+			m.events.Store(true)
+		}
+		m.state.Add(^uint64(0))
+		return
+	}
+}
+
+// wakeHelper turns a signal on wake into a futex wake-up of Block.
+func (m *Module) wakeHelper(wake <-chan struct{}, stop <-chan struct{}, woken *atomic.Bool) {
+	defer m.bg.Done()
+	select {
+	case <-wake:
+		woken.Store(true)
+		m.kick()
+	case <-stop:
+	}
+}

@@ -1,0 +1,29 @@
+package sm
+
+import (
+	"sync/atomic"
+	"unsafe"
+)
+
+// The only unsafe code of the package: typed atomic views of the 4- and
+// 8-byte words that processes share in a mapped segment. Everything else
+// reads shared memory as bytes, through bounds-checked slices.
+
+// word64 returns the 8-byte word of b at off. off must be 8-aligned
+// relative to a page-aligned mapping, and off+8 <= len(b): it panics
+// otherwise (a broken invariant: callers validate offsets read from shared
+// memory first), so a bad offset can never reach outside b.
+func word64(b []byte, off int) *atomic.Uint64 {
+	if uint(off)+8 > uint(len(b)) || off&7 != 0 {
+		panic("sm: shared word out of range or misaligned")
+	}
+	return (*atomic.Uint64)(unsafe.Pointer(unsafe.SliceData(b[off:])))
+}
+
+// word32 returns the 4-byte word of b at off (4-aligned, off+4 <= len(b)).
+func word32(b []byte, off int) *atomic.Uint32 {
+	if uint(off)+4 > uint(len(b)) || off&3 != 0 {
+		panic("sm: shared word out of range or misaligned")
+	}
+	return (*atomic.Uint32)(unsafe.Pointer(unsafe.SliceData(b[off:])))
+}

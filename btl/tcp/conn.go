@@ -1,0 +1,388 @@
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/internal/mpierr"
+)
+
+// outFrame is a frame waiting for the socket.
+type outFrame struct {
+	head     []byte // encoded frame header followed by a copy of the sender's header
+	data     []byte // payload, referenced (user data, registered memory or an Alloc buffer)
+	skip     int    // bytes of head+data already written
+	cb       btl.Completion
+	abuf     []byte // Alloc buffer to recycle once written
+	closeOut bool   // CLOSE frame: shut our side down after it
+	inl      [maxFrameHeader + 88]byte
+}
+
+var framePool = sync.Pool{New: func() any { return new(outFrame) }}
+
+func newOutFrame(fh frameHeader, uh, data []byte, cb btl.Completion, abuf []byte) *outFrame {
+	f := framePool.Get().(*outFrame)
+	n := fh.encode(f.inl[:])
+	if n+len(uh) <= len(f.inl) {
+		f.head = append(f.inl[:n], uh...)
+	} else {
+		f.head = append(append(make([]byte, 0, n+len(uh)), f.inl[:n]...), uh...)
+	}
+	f.data, f.cb, f.abuf = data, cb, abuf
+	return f
+}
+
+func (f *outFrame) size() int { return len(f.head) + len(f.data) }
+
+// completeAll runs the completions of frames (with err) and recycles them.
+func completeAll(m *module, frames []*outFrame, err error) {
+	for i, f := range frames {
+		if f.cb != nil {
+			f.cb(err)
+		}
+		if f.abuf != nil {
+			m.recycle(f.abuf)
+		}
+		*f = outFrame{}
+		framePool.Put(f)
+		frames[i] = nil
+	}
+}
+
+// conn is one established, authenticated connection of an endpoint. Its
+// write side belongs to whoever set busy: a sender writing its frame
+// directly, or the writer goroutine draining q. Its reader goroutine owns
+// the read side.
+type conn struct {
+	ep *endpoint
+	m  *module
+	s  *sock
+	rd *frameReader
+
+	mu      sync.Mutex  // guards q, busy, err, closing
+	q       []*outFrame // frames waiting for the write side, in order
+	busy    bool        // someone owns the write side (s.writev, hb, iov)
+	err     error       // set when the connection ended: writes fail with it
+	closing bool        // our module is closing: CLOSE queued, inbound frames dropped
+
+	wake chan struct{} // cap 1: the writer goroutine has work
+	stop chan struct{} // closed when the connection ends
+	done chan struct{} // closed when reader and writer have returned
+
+	hb    [maxFrameHeader]byte // header scratch of the write-side owner
+	iov   [][]byte             // iovec scratch of the write-side owner
+	batch []*outFrame          // the writer goroutine's spare queue slice
+
+	getting *getOp // reader: the Get whose reply is being read
+	wdone   chan struct{}
+}
+
+func newConn(ep *endpoint, nc *net.TCPConn) (*conn, error) {
+	if err := nc.SetNoDelay(true); err != nil {
+		return nil, fmt.Errorf("TCP_NODELAY: %w", err)
+	}
+	s, err := newSock(nc, ep.m.sh.cfg.spin)
+	if err != nil {
+		return nil, err
+	}
+	c := &conn{ep: ep, m: ep.m, s: s,
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), wdone: make(chan struct{})}
+	c.rd = newFrameReader(s, c, ep.m.sh.cfg.maxSend)
+	return c, nil
+}
+
+// start runs the reader and writer goroutines (counted in m.wg by attach).
+func (c *conn) start() {
+	go c.writeLoop()
+	go c.readLoop()
+	c.mu.Lock()
+	if len(c.q) > 0 && !c.busy {
+		c.signal()
+	}
+	c.mu.Unlock()
+}
+
+// signal wakes the writer goroutine; c.mu is held.
+func (c *conn) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// submit writes a frame directly when the write side is free, else queues
+// it (imm: refuses with ErrWouldBlock instead). See endpoint.submit.
+func (c *conn) submit(fh frameHeader, uh, data []byte, cb btl.Completion, abuf []byte, imm bool) (bool, error) {
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return false, err
+	}
+	if c.closing {
+		c.mu.Unlock()
+		return false, c.m.errClosed()
+	}
+	if c.busy || len(c.q) > 0 {
+		if imm {
+			c.mu.Unlock()
+			return false, btl.ErrWouldBlock
+		}
+		c.q = append(c.q, newOutFrame(fh, uh, data, cb, abuf))
+		c.mu.Unlock()
+		return false, nil
+	}
+	c.busy = true
+	c.mu.Unlock()
+
+	n := fh.encode(c.hb[:])
+	total := n + len(uh) + len(data)
+	iov := append(c.iov[:0], c.hb[:n], uh, data)
+	w, err := c.s.writev(iov, false)
+	clear(iov)
+	c.iov = iov[:0]
+	if err != nil {
+		err = c.ioFailure(err)
+		c.fail(err)
+		return false, err
+	}
+	if w == total {
+		c.release()
+		return true, nil
+	}
+	if imm && w == 0 {
+		c.release()
+		return false, btl.ErrWouldBlock
+	}
+	// The socket took part of the frame: the rest goes first in the queue.
+	if imm {
+		data, cb = append([]byte(nil), data...), nil
+	}
+	f := newOutFrame(fh, uh, data, cb, abuf)
+	f.skip = w
+	c.mu.Lock()
+	c.busy = false
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		*f = outFrame{}
+		framePool.Put(f)
+		return false, err
+	}
+	c.q = append(c.q, nil)
+	copy(c.q[1:], c.q)
+	c.q[0] = f
+	c.signal()
+	c.mu.Unlock()
+	return imm, nil
+}
+
+// release gives up the write side, waking the writer if frames queued
+// meanwhile.
+func (c *conn) release() {
+	c.mu.Lock()
+	c.busy = false
+	if len(c.q) > 0 {
+		c.signal()
+	}
+	c.mu.Unlock()
+}
+
+func (c *conn) writeLoop() {
+	defer c.m.wg.Done()
+	defer close(c.wdone)
+	for {
+		select {
+		case <-c.wake:
+		case <-c.stop:
+			return
+		}
+		c.flush()
+	}
+}
+
+// flush writes queued frames in batches, one writev per batch (split at
+// iovMax), blocking in the netpoller when the socket is full.
+func (c *conn) flush() {
+	c.mu.Lock()
+	for c.err == nil && !c.busy && len(c.q) > 0 {
+		batch := c.q
+		c.q = c.batch[:0]
+		c.busy = true
+		c.mu.Unlock()
+
+		iov := c.iov[:0]
+		closeOut := false
+		for _, f := range batch {
+			h, d := f.head, f.data
+			if f.skip < len(h) {
+				h = h[f.skip:]
+			} else {
+				h, d = nil, d[f.skip-len(h):]
+			}
+			if len(h) > 0 {
+				iov = append(iov, h)
+			}
+			if len(d) > 0 {
+				iov = append(iov, d)
+			}
+			closeOut = closeOut || f.closeOut
+		}
+		_, err := c.s.writev(iov, true)
+		clear(iov)
+		c.iov = iov[:0]
+		if err == nil && closeOut {
+			c.s.nc.CloseWrite()
+		}
+		if err != nil {
+			err = c.ioFailure(err)
+			c.fail(err)
+			completeAll(c.m, batch, err)
+			return
+		}
+		completeAll(c.m, batch, nil)
+		c.mu.Lock()
+		c.batch = batch[:0]
+		c.busy = false
+	}
+	c.mu.Unlock()
+}
+
+// ioFailure classifies a socket error of the write side.
+func (c *conn) ioFailure(err error) error {
+	c.mu.Lock()
+	closing, cerr := c.closing, c.err
+	c.mu.Unlock()
+	if cerr != nil {
+		return cerr
+	}
+	if closing {
+		return c.m.errClosed()
+	}
+	return failure(fmt.Sprintf("tcp: connection to rank %d failed: %v", c.ep.peer, err), mpierr.ErrProcFailed)
+}
+
+// fail ends the connection with err (once): the socket is closed, queued
+// frames complete with err, and the endpoint goes down unless our module is
+// closing.
+func (c *conn) fail(err error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = err
+	q := c.q
+	c.q = nil
+	c.mu.Unlock()
+	close(c.stop)
+	c.s.nc.Close()
+	completeAll(c.m, q, err)
+	c.ep.connDown(c, err)
+}
+
+// closeOrderly starts an orderly close for the module's Close: frames not
+// yet started complete with ErrClosed, a CLOSE frame is queued, and the
+// reader drops what still arrives until the peer closes too.
+func (c *conn) closeOrderly() {
+	err := c.m.errClosed()
+	f := newOutFrame(frameHeader{kind: frameClose}, nil, nil, nil, nil)
+	f.closeOut = true
+	c.mu.Lock()
+	if c.err != nil || c.closing {
+		c.mu.Unlock()
+		return
+	}
+	c.closing = true
+	q := c.q
+	c.q = []*outFrame{f}
+	if !c.busy {
+		c.signal()
+	}
+	c.mu.Unlock()
+	completeAll(c.m, q, err)
+}
+
+func (c *conn) readLoop() {
+	defer c.m.wg.Done()
+	var err error
+	for err == nil {
+		err = c.rd.next()
+	}
+	c.mu.Lock()
+	closing := c.closing
+	c.mu.Unlock()
+	peer := c.ep.peer
+	var pe *protoError
+	switch {
+	case closing || c.m.closed.Load():
+		err = c.m.errClosed()
+	case err == errPeerClosed:
+		err = fmt.Errorf("tcp: rank %d closed its tcp module: %w", peer, btl.ErrClosed)
+	case errors.As(err, &pe):
+		err = failure(fmt.Sprintf("tcp: rank %d broke the protocol, dropping its connection: %v", peer, pe), mpierr.ErrProtocol, mpierr.ErrProcFailed)
+	case err == io.EOF:
+		err = failure(fmt.Sprintf("tcp: rank %d closed the connection without a close frame (process died?)", peer), mpierr.ErrProcFailed)
+	case err == io.ErrUnexpectedEOF:
+		err = failure(fmt.Sprintf("tcp: rank %d closed the connection in the middle of a frame, without a close frame (process died?)", peer), mpierr.ErrProcFailed)
+	default:
+		err = failure(fmt.Sprintf("tcp: rank %d: connection lost: %v", peer, err), mpierr.ErrProcFailed)
+	}
+	if op := c.getting; op != nil {
+		c.getting = nil
+		op.cb(err)
+	}
+	c.fail(err)
+	<-c.wdone
+	close(c.done)
+}
+
+// The frameSink methods, called by c.rd on the reader goroutine.
+
+func (c *conn) deliver(tag btl.Tag, hdr, data []byte) error {
+	if c.m.closed.Load() {
+		return nil
+	}
+	c.m.fragsRecv.Add(1)
+	c.m.bytesRecv.Add(int64(len(hdr) + len(data)))
+	c.m.sh.env.Dispatch.Dispatch(c.ep, tag, hdr, data)
+	return nil
+}
+
+func (c *conn) putTarget(reg, off, length uint64) ([]byte, error) {
+	return c.m.sh.regs.lookup(reg, off, length, btl.AccessRemoteWrite)
+}
+
+func (c *conn) putDone(uint64) {}
+
+func (c *conn) getRequest(reg, off, length, req uint64) error {
+	mem, err := c.m.sh.regs.lookup(reg, off, length, btl.AccessRemoteRead)
+	if err != nil {
+		return err
+	}
+	// An error here means the connection is ending; the reader sees it next.
+	c.submit(frameHeader{kind: frameGetReply, length: length, req: req}, nil, mem, nil, nil, false)
+	return nil
+}
+
+func (c *conn) getTarget(req, length uint64) ([]byte, *getOp, error) {
+	op := c.ep.takeGet(req)
+	if op == nil {
+		return nil, nil, protof("GETREPLY for unknown request %d", req)
+	}
+	if uint64(len(op.local)) != length {
+		c.getting = op // completed with the connection's error
+		return nil, nil, protof("GETREPLY of %d bytes for a %d-byte Get", length, len(op.local))
+	}
+	c.getting = op
+	return op.local, op, nil
+}
+
+func (c *conn) getDone(op *getOp) {
+	c.getting = nil
+	op.cb(nil)
+}

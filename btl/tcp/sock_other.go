@@ -1,0 +1,31 @@
+//go:build !linux
+
+package tcp
+
+import (
+	"net"
+	"time"
+)
+
+// iovMax bounds the iovecs of one write.
+const iovMax = 1024
+
+// sock is the portable I/O side of a connection: blocking reads through the
+// netpoller (no busy polling) and writes that always block, so SendImmediate
+// only succeeds on Linux.
+type sock struct {
+	nc *net.TCPConn
+}
+
+func newSock(nc *net.TCPConn, _ time.Duration) (*sock, error) { return &sock{nc: nc}, nil }
+
+func (s *sock) read(p []byte) (int, error) { return s.nc.Read(p) }
+
+func (s *sock) writev(iov [][]byte, block bool) (int, error) {
+	if !block {
+		return 0, nil
+	}
+	bufs := net.Buffers(iov)
+	n, err := bufs.WriteTo(s.nc)
+	return int(n), err
+}

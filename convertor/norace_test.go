@@ -1,0 +1,5 @@
+//go:build !race
+
+package convertor
+
+const raceEnabled = false

@@ -1,0 +1,605 @@
+// Package launcher is gorun's job control: it starts the ranks of a job on
+// this host, serves their wire-up store (package launcher/store), forwards
+// their output, input and signals, and stops the whole job when one rank
+// fails. Linux only.
+//
+// The entry point is Run, which cmd/gorun calls with the parsed command line:
+//
+//	code, err := launcher.Run(ctx, launcher.Config{NP: 4, Program: "./examples/ring", ...})
+//
+// Every rank gets its place in the job through environment variables (see
+// Run); the mpi package reads them in Init.
+package launcher
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/launcher/store"
+)
+
+// The environment variables of the launch contract.
+const (
+	EnvRank           = "GOMPI_RANK"           // this rank, 0..size-1
+	EnvSize           = "GOMPI_SIZE"           // number of ranks in the job
+	EnvLocalRank      = "GOMPI_LOCAL_RANK"     // rank among the job's ranks on this host
+	EnvLocalSize      = "GOMPI_LOCAL_SIZE"     // number of the job's ranks on this host
+	EnvJobID          = "GOMPI_JOB_ID"         // random hex id, the same for every rank of a job
+	EnvStore          = "GOMPI_STORE"          // host:port of the wire-up store
+	EnvSecret         = "GOMPI_SECRET"         // hex of the 32-byte job secret
+	EnvOversubscribed = "GOMPI_OVERSUBSCRIBED" // "1" when there are more ranks than CPUs
+	EnvFlagParams     = "GOMPI_FLAG_PARAMS"    // "name=value" entries joined with "\n"
+	EnvStats          = "GOMPI_STATS"          // "1" with --stats
+	EnvVerbose        = "GOMPI_VERBOSE"        // "1" with --verbose
+)
+
+// jobVars are the variables that identify a job; inherited values (from a
+// gorun that started this one) are removed before the new ones are set.
+var jobVars = []string{EnvRank, EnvSize, EnvLocalRank, EnvLocalSize, EnvJobID, EnvStore,
+	EnvSecret, EnvOversubscribed, EnvFlagParams}
+
+// Exit codes that are not a rank's own.
+const (
+	ExitFailure = 1   // a rank exited 0 without calling Finalize, or Run was cancelled
+	ExitTimeout = 124 // Config.Timeout expired (as coreutils' timeout)
+)
+
+// DefaultGrace is the default of Config.Grace.
+const DefaultGrace = 2 * time.Second
+
+// Config describes one job.
+type Config struct {
+	NP      int      // number of ranks, at least 1
+	Program string   // executable (path or in PATH), Go package directory, .go file or package path
+	Args    []string // arguments after PROGRAM
+
+	TagOutput     bool // prefix every forwarded line with "[rank] "
+	Verbose       bool // print launch progress on Stderr; set GOMPI_VERBOSE=1
+	Stats         bool // set GOMPI_STATS=1
+	Oversubscribe bool // the user accepts more ranks than CPUs: no notice
+
+	// Timeout, if positive, bounds the job from the start of its ranks (a
+	// build of the program does not count): when it expires every rank is
+	// stopped and Run returns ExitTimeout and an error saying so.
+	Timeout time.Duration
+
+	Env    []string    // extra environment entries "VAR=val" for every rank
+	Params [][2]string // parameters (name, value) in order, passed in GOMPI_FLAG_PARAMS
+
+	// Stdin is copied to rank 0 (the other ranks read /dev/null); nil means
+	// no input. An *os.File that is not a terminal is handed to rank 0
+	// directly; any other reader is copied by a goroutine, which Run does not
+	// wait for (a Read cannot be interrupted).
+	Stdin io.Reader
+	// Stdout and Stderr receive the ranks' output, line by line; Stderr also
+	// gets gorun's own messages. nil discards.
+	Stdout, Stderr io.Writer
+
+	// Grace is the time between the steps that stop a failed job: failure
+	// notice, then SIGTERM, then SIGKILL. Zero means DefaultGrace.
+	Grace time.Duration
+
+	// Signals, if not nil, delivers signals to forward to every rank (to its
+	// process group). One that arrives while the program is being built
+	// cancels the build instead. cmd/gorun sends SIGINT and SIGTERM here.
+	Signals <-chan os.Signal
+}
+
+// JobError is the error Run returns when the job ran but did not succeed.
+// Run has already printed Reason on Stderr when it returns one.
+type JobError struct {
+	Rank   int    // the first rank that failed or aborted; -1 for a timeout or cancellation
+	PID    int    // its process id, or 0
+	Reason string // how it failed: "exited with status 3", "killed by signal 9 (killed)", ...
+	Code   int    // gorun's exit code
+}
+
+// Error returns "rank R (pid P) REASON", or the reason alone when no rank is
+// to blame; gorun prints it after "gorun: ".
+func (e *JobError) Error() string {
+	if e.Rank < 0 {
+		return e.Reason
+	}
+	return fmt.Sprintf("rank %d (pid %d) %s", e.Rank, e.PID, e.Reason)
+}
+
+// Run runs a job of cfg.NP ranks of cfg.Program on this host and returns
+// gorun's exit code once every rank has ended:
+//   - 0 and a nil error when every rank exited 0 (having called Finalize, if
+//     it connected to the store);
+//   - the first failure's code and a *JobError when a rank failed: exit
+//     status s gives s, death by signal n gives 128+n, exiting 0 without
+//     Finalize gives ExitFailure; when a rank calls Abort(code), code (or
+//     ExitFailure for a code outside 0..255);
+//     ExitTimeout when cfg.Timeout expired; ExitFailure when ctx ended;
+//   - ExitFailure and another error when the job could not start (bad
+//     Config, program not found or not buildable): nothing was left running.
+//
+// Every rank runs in a process group of its own and gets the environment of
+// gorun without variables of an enclosing job, then cfg.Env, then
+// GOMPI_RANK, GOMPI_SIZE, GOMPI_LOCAL_RANK, GOMPI_LOCAL_SIZE (rank and size:
+// one host), GOMPI_JOB_ID, GOMPI_STORE, GOMPI_SECRET (never on a command
+// line), GOMPI_FLAG_PARAMS (when cfg.Params is not empty),
+// GOMPI_OVERSUBSCRIBED=1 (when NP > runtime.NumCPU()), GOMPI_STATS=1 and
+// GOMPI_VERBOSE=1 (with the options of the same name).
+//
+// When a rank exits non-zero, is killed by a signal, or exits after
+// connecting to the store without calling Finalize, Run prints one line
+// naming the rank, pid and cause, sends the other ranks a failure notice
+// through the store, waits cfg.Grace for them to exit, sends SIGTERM, and
+// SIGKILL after another cfg.Grace. An Abort, a timeout or the end of ctx
+// skip the notice and start at SIGTERM. Each rank's process group is
+// killed when the rank exits, every rank is reaped, and a built program's
+// temporary directory is removed before Run returns.
+func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
+	if cfg.Grace <= 0 {
+		cfg.Grace = DefaultGrace
+	}
+	out := newOutput(cfg.Stdout, cfg.Stderr, cfg.TagOutput)
+	if cfg.NP < 1 {
+		return ExitFailure, argErrorf("need at least one rank, got -np %d", cfg.NP)
+	}
+	flagParams, err := encodeParams(cfg.Params)
+	if err != nil {
+		return ExitFailure, err
+	}
+	for _, kv := range cfg.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return ExitFailure, argErrorf("environment entry %q is not VAR=value", kv)
+		}
+	}
+
+	prog, err := resolveInterruptibly(ctx, cfg)
+	if err != nil {
+		return ExitFailure, err
+	}
+	defer prog.cleanup()
+
+	var secret [32]byte
+	var jobID [8]byte
+	rand.Read(secret[:])
+	rand.Read(jobID[:])
+	srv, err := store.NewServer(secret[:], cfg.NP)
+	if err != nil {
+		return ExitFailure, err
+	}
+	defer srv.Close()
+	srv.SetLogger(log.New(out, "gorun: store: ", 0))
+
+	env := baseEnv(os.Environ(), cfg.Env)
+	env = append(env,
+		EnvSize+"="+strconv.Itoa(cfg.NP),
+		EnvLocalSize+"="+strconv.Itoa(cfg.NP),
+		EnvJobID+"="+hex.EncodeToString(jobID[:]),
+		EnvStore+"="+srv.Addr(),
+		EnvSecret+"="+hex.EncodeToString(secret[:]),
+	)
+	if flagParams != "" {
+		env = append(env, EnvFlagParams+"="+flagParams)
+	}
+	if cfg.NP > runtime.NumCPU() {
+		env = append(env, EnvOversubscribed+"=1")
+		if !cfg.Oversubscribe {
+			out.printf("%d ranks on %d CPUs: oversubscribed, ranks will wait without spinning (--oversubscribe hides this notice)", cfg.NP, runtime.NumCPU())
+		}
+	}
+	if cfg.Stats {
+		env = append(env, EnvStats+"=1")
+	}
+	if cfg.Verbose {
+		env = append(env, EnvVerbose+"=1")
+		out.printf("job %x: %d ranks of %s, store at %s", jobID, cfg.NP, prog.path, srv.Addr())
+	}
+
+	j := &job{cfg: cfg, out: out, srv: srv, exits: make(chan int, cfg.NP)}
+	for r := range cfg.NP {
+		if err := j.start(r, prog.path, env); err != nil {
+			j.abandon()
+			return ExitFailure, fmt.Errorf("start rank %d: %w", r, err)
+		}
+	}
+	return j.loop(ctx)
+}
+
+// resolveInterruptibly resolves (and maybe builds) the program; a signal
+// that arrives meanwhile cancels the build.
+func resolveInterruptibly(ctx context.Context, cfg Config) (*program, error) {
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
+	if cfg.Signals != nil {
+		go func() {
+			select {
+			case <-cfg.Signals:
+				cancel()
+			case <-done:
+			}
+		}()
+	}
+	return resolveProgram(bctx, cfg.Program)
+}
+
+// encodeParams checks the parameters and joins them for GOMPI_FLAG_PARAMS.
+func encodeParams(params [][2]string) (string, error) {
+	var b strings.Builder
+	for i, p := range params {
+		name, value := p[0], p[1]
+		if name == "" || strings.ContainsAny(name, "= \t\n") {
+			return "", argErrorf("bad parameter name %q", name)
+		}
+		if strings.Contains(value, "\n") {
+			return "", argErrorf("value of parameter %s contains a newline", name)
+		}
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(name + "=" + value)
+	}
+	return b.String(), nil
+}
+
+// baseEnv returns environ without the variables of an enclosing job and
+// without those extra sets, followed by extra.
+func baseEnv(environ, extra []string) []string {
+	drop := make(map[string]bool)
+	for _, v := range jobVars {
+		drop[v] = true
+	}
+	for _, kv := range extra {
+		k, _, _ := strings.Cut(kv, "=")
+		drop[k] = true
+	}
+	env := make([]string, 0, len(environ)+len(extra)+12)
+	for _, kv := range environ {
+		if k, _, _ := strings.Cut(kv, "="); !drop[k] {
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}
+
+// rank is one running rank. Only the job loop touches it.
+type rank struct {
+	cmd     *exec.Cmd
+	pid     int
+	exited  bool
+	outputs chan struct{} // receives once per forwarder that finished
+}
+
+// job is the state of a running job; its loop owns it.
+type job struct {
+	cfg   Config
+	out   *output
+	srv   *store.Server
+	ranks []*rank
+	exits chan int // rank numbers whose process has exited (not yet reaped)
+	alive int
+
+	pipes   []*os.File       // read ends of the ranks' output pipes
+	failure *JobError        // the first failure, abort, timeout or cancellation
+	stage   stopStage        // how far stopping has gone
+	stageC  <-chan time.Time // fires when the next stop stage is due
+}
+
+// stopStage is how far stopping a failed job has gone.
+type stopStage int
+
+const (
+	running  stopStage = iota
+	notified           // failure notice sent; SIGTERM after Grace
+	termed             // SIGTERM sent; SIGKILL after Grace
+	killed             // SIGKILL sent
+)
+
+// start starts rank r and the goroutines that forward its output and report
+// its exit.
+func (j *job) start(r int, path string, env []string) (err error) {
+	cmd := exec.Command(path, j.cfg.Args...)
+	cmd.Env = append(env[:len(env):len(env)],
+		EnvRank+"="+strconv.Itoa(r),
+		EnvLocalRank+"="+strconv.Itoa(r),
+	)
+	cmd.SysProcAttr = rankProcAttr()
+
+	// parent: our ends, kept on success; child: the rank's ends, closed in
+	// gorun once the rank has its copies.
+	var parent, child []*os.File
+	defer func() {
+		for _, f := range child {
+			f.Close()
+		}
+		if err != nil {
+			for _, f := range parent {
+				f.Close()
+			}
+		}
+	}()
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	parent, child = append(parent, outR), append(child, outW)
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	parent, child = append(parent, errR), append(child, errW)
+	cmd.Stdout, cmd.Stderr = outW, errW
+
+	var stdinW *os.File
+	if r == 0 && j.cfg.Stdin != nil {
+		if f, ok := j.cfg.Stdin.(*os.File); ok && !isCharDevice(f) {
+			cmd.Stdin = f // a pipe or a file: the rank reads it directly
+		} else {
+			// A terminal must not be read by a rank (it is not in the
+			// terminal's foreground process group): gorun copies.
+			inR, inW, err := os.Pipe()
+			if err != nil {
+				return err
+			}
+			parent, child = append(parent, inW), append(child, inR)
+			cmd.Stdin, stdinW = inR, inW
+		}
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+
+	rk := &rank{cmd: cmd, pid: cmd.Process.Pid, outputs: make(chan struct{}, 2)}
+	j.ranks = append(j.ranks, rk)
+	j.alive++
+	j.pipes = append(j.pipes, outR, errR)
+	if stdinW != nil {
+		go func() {
+			io.Copy(stdinW, j.cfg.Stdin) // ends at EOF, or EPIPE once rank 0 is gone
+			stdinW.Close()
+		}()
+	}
+	go func() { j.out.forward(outR, false, r); rk.outputs <- struct{}{} }()
+	go func() { j.out.forward(errR, true, r); rk.outputs <- struct{}{} }()
+	go func() {
+		if err := waitExited(rk.pid); err != nil {
+			// Not expected for our own child; the loop's Wait reaps it anyway.
+			j.out.printf("rank %d (pid %d): waitid: %v", r, rk.pid, err)
+		}
+		j.exits <- r
+	}()
+	if j.cfg.Verbose {
+		j.out.printf("rank %d: pid %d", r, rk.pid)
+	}
+	return nil
+}
+
+func isCharDevice(f *os.File) bool {
+	fi, err := f.Stat()
+	return err != nil || fi.Mode()&os.ModeCharDevice != 0
+}
+
+// loop runs the job until every rank has exited and been reaped.
+func (j *job) loop(ctx context.Context) (int, error) {
+	var timeout <-chan time.Time
+	if j.cfg.Timeout > 0 {
+		t := time.NewTimer(j.cfg.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	events := j.srv.Events()
+	done := ctx.Done()
+	for j.alive > 0 {
+		select {
+		case r := <-j.exits:
+			j.reap(r)
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			j.event(ev)
+		case sig := <-j.cfg.Signals:
+			j.forward(sig)
+		case <-timeout:
+			timeout = nil
+			j.stopAll(&JobError{Rank: -1, Reason: fmt.Sprintf("timed out after %v", j.cfg.Timeout), Code: ExitTimeout})
+		case <-done:
+			done = nil
+			j.stopAll(&JobError{Rank: -1, Reason: "cancelled: " + context.Cause(ctx).Error(), Code: ExitFailure})
+		case <-j.stageC:
+			j.advance()
+		}
+	}
+	j.drainOutput()
+	if j.failure != nil {
+		return j.failure.Code, j.failure
+	}
+	return 0, nil
+}
+
+// reap collects rank r, whose process has exited, and judges how it ended.
+func (j *job) reap(r int) {
+	rk := j.ranks[r]
+	signalGroup(rk.pid, syscall.SIGKILL) // whatever the rank left in its group
+	rk.cmd.Wait()                        // reaps; the status is in ProcessState
+	rk.exited = true
+	j.alive--
+
+	// An Abort is acknowledged before Client.Abort returns, so a rank that
+	// exits after aborting is always seen here as aborting, not failing.
+	if ev, ok := j.srv.AbortRequest(); ok && j.failure == nil {
+		j.abort(ev)
+	}
+	st := j.srv.State(r)
+	ws, _ := rk.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	var reason string
+	var code int
+	switch {
+	case ws.Signaled():
+		sig := ws.Signal()
+		reason, code = fmt.Sprintf("killed by signal %d (%v)", int(sig), sig), 128+int(sig)
+	case ws.ExitStatus() != 0:
+		reason, code = fmt.Sprintf("exited with status %d", ws.ExitStatus()), ws.ExitStatus()
+	case st.Connected && !st.Finalized:
+		reason, code = "exited without calling Finalize", ExitFailure
+	}
+	if reason == "" {
+		if j.cfg.Verbose {
+			j.out.printf("rank %d (pid %d) exited with status 0", r, rk.pid)
+		}
+		return
+	}
+	j.srv.NotifyFailure(r, reason)
+	if j.failure != nil {
+		if j.cfg.Verbose {
+			j.out.printf("rank %d (pid %d) %s", r, rk.pid, reason)
+		}
+		return
+	}
+	j.failure = &JobError{Rank: r, PID: rk.pid, Reason: reason, Code: code}
+	j.out.printf("%v", j.failure)
+	if j.alive > 0 {
+		j.stage, j.stageC = notified, time.After(j.cfg.Grace)
+	}
+}
+
+// event handles a store event.
+func (j *job) event(ev store.Event) {
+	switch ev.Kind {
+	case store.Aborted:
+		if j.failure == nil {
+			j.abort(ev)
+		}
+	default:
+		if j.cfg.Verbose {
+			j.out.printf("rank %d %v", ev.Rank, ev.Kind)
+		}
+	}
+}
+
+// abort ends the job at a rank's request.
+func (j *job) abort(ev store.Event) {
+	reason := fmt.Sprintf("called Abort(%d)", ev.Code)
+	if ev.Msg != "" {
+		reason += ": " + ev.Msg
+	}
+	code := ev.Code
+	if code < 0 || code > 255 { // an exit status cannot carry it
+		code = ExitFailure
+	}
+	j.failure = &JobError{Rank: ev.Rank, PID: j.ranks[ev.Rank].pid, Reason: reason, Code: code}
+	j.out.printf("%v", j.failure)
+	j.terminate()
+}
+
+// stopAll stops every rank for a reason of gorun's own (timeout,
+// cancellation).
+func (j *job) stopAll(e *JobError) {
+	if j.failure == nil {
+		j.failure = e
+	}
+	j.out.printf("%s: stopping %d rank(s)", e.Reason, j.alive)
+	j.terminate()
+}
+
+// terminate sends SIGTERM to every live rank, unless it was sent already.
+func (j *job) terminate() {
+	if j.stage >= termed {
+		return
+	}
+	j.signalAll(syscall.SIGTERM)
+	j.stage, j.stageC = termed, time.After(j.cfg.Grace)
+}
+
+// advance takes the next stop step when its grace period is over.
+func (j *job) advance() {
+	switch j.stage {
+	case notified:
+		j.terminate()
+	case termed:
+		if j.cfg.Verbose {
+			j.out.printf("%d rank(s) still running after SIGTERM: sending SIGKILL", j.alive)
+		}
+		j.signalAll(syscall.SIGKILL)
+		j.stage, j.stageC = killed, nil
+	}
+}
+
+// forward passes a signal gorun received to every live rank.
+func (j *job) forward(sig os.Signal) {
+	s, ok := sig.(syscall.Signal)
+	if !ok {
+		return
+	}
+	if j.cfg.Verbose {
+		j.out.printf("forwarding %v to %d rank(s)", s, j.alive)
+	}
+	j.signalAll(s)
+}
+
+func (j *job) signalAll(sig syscall.Signal) {
+	for _, rk := range j.ranks {
+		if !rk.exited {
+			signalGroup(rk.pid, sig)
+		}
+	}
+}
+
+// abandon kills and reaps the ranks started so far, after a later rank
+// failed to start.
+func (j *job) abandon() {
+	j.signalAll(syscall.SIGKILL)
+	for j.alive > 0 {
+		r := <-j.exits
+		j.ranks[r].cmd.Wait()
+		j.ranks[r].exited = true
+		j.alive--
+	}
+	j.drainOutput()
+}
+
+// drainOutput waits for the output forwarders to flush. Every rank's group is
+// dead, so the pipes are at EOF unless a process left its group and still
+// holds one; after Grace the pipes are closed under it.
+func (j *job) drainOutput() {
+	done := make(chan struct{})
+	go func() {
+		for _, rk := range j.ranks {
+			<-rk.outputs
+			<-rk.outputs
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(j.cfg.Grace):
+		for _, f := range j.pipes {
+			f.Close()
+		}
+		<-done
+	}
+	for _, f := range j.pipes {
+		f.Close()
+	}
+}
+
+// argError is a bad-configuration error: it wraps mpierr.ErrArg for
+// errors.Is, but its text is the message alone, as gorun prints it.
+type argError struct{ msg string }
+
+func (e *argError) Error() string { return e.msg }
+func (e *argError) Unwrap() error { return mpierr.ErrArg }
+
+func argErrorf(format string, args ...any) error {
+	return &argError{msg: fmt.Sprintf(format, args...)}
+}

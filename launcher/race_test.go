@@ -1,0 +1,5 @@
+//go:build race
+
+package launcher_test
+
+func init() { raceEnabled = true }

@@ -1,0 +1,670 @@
+package mpi_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gompi-org/gompi/convertor"
+	"github.com/gompi-org/gompi/mpi"
+)
+
+// Every nonblocking send mode pairs with Irecv; Waitall returns the
+// statuses in order, with the bytes sent as a send's count.
+func TestNonblockingModes(t *testing.T) {
+	sizes := []int{0, 100, 5000, 300000}
+	modes := []string{"Isend", "Issend", "Irsend"}
+	j := newJob()
+	posted := make(chan struct{})
+	mustRunJob(t, j, 2, func(w *mpi.Comm) error {
+		n := len(sizes) * len(modes)
+		if w.Rank() == 0 {
+			if err := j.wait(posted); err != nil {
+				return err
+			}
+			reqs := make([]*mpi.Request, 0, n)
+			for mi, mode := range modes {
+				for si, size := range sizes {
+					tag := mi*len(sizes) + si
+					buf := pattern(size, uint64(tag))
+					var r *mpi.Request
+					var err error
+					switch mode {
+					case "Isend":
+						r, err = w.Isend(buf, 1, tag)
+					case "Issend":
+						r, err = w.Issend(buf, 1, tag)
+					case "Irsend":
+						r, err = w.Irsend(buf, 1, tag)
+					}
+					if err != nil {
+						return fmt.Errorf("%s: %v", mode, err)
+					}
+					reqs = append(reqs, r)
+				}
+			}
+			sts, err := mpi.Waitall(reqs)
+			if err != nil {
+				return err
+			}
+			for i, st := range sts {
+				if want := sizes[i%len(sizes)]; st.Count != want || st.Cancelled {
+					return fmt.Errorf("send %d (%s): status %+v, want count %d", i, modes[i/len(sizes)], st, want)
+				}
+			}
+			return nil
+		}
+		reqs := make([]*mpi.Request, n)
+		bufs := make([][]byte, n)
+		for tag := range n {
+			bufs[tag] = make([]byte, sizes[tag%len(sizes)])
+			var err error
+			if reqs[tag], err = w.Irecv(bufs[tag], 0, tag); err != nil {
+				return err
+			}
+		}
+		close(posted)
+		sts, err := mpi.Waitall(reqs)
+		if err != nil {
+			return err
+		}
+		for tag, st := range sts {
+			size := sizes[tag%len(sizes)]
+			if st.Source != 0 || st.Tag != tag || st.Count != size || st.Cancelled {
+				return fmt.Errorf("receive %d: status %+v", tag, st)
+			}
+			if err := checkBytes(fmt.Sprintf("receive %d", tag), bufs[tag], expected(size, uint64(tag))); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// WaitContext gives up when its context is done and leaves the request
+// valid: it completes later with the right data.
+func TestWaitContext(t *testing.T) {
+	j := newJob()
+	maySend := make(chan struct{})
+	mustRunJob(t, j, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			if err := j.wait(maySend); err != nil {
+				return err
+			}
+			return w.Send(pattern(5000, 3), 1, 0)
+		}
+		got := make([]byte, 5000)
+		r, err := w.Irecv(got, 0, 0)
+		if err != nil {
+			return err
+		}
+		// A context that is already cancelled.
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := r.WaitContext(ctx); !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("WaitContext(cancelled) = %v, want context.Canceled", err)
+		}
+		// Cancelled while waiting.
+		ctx, cancel = context.WithCancel(context.Background())
+		res := make(chan error, 1)
+		go func() {
+			_, err := r.WaitContext(ctx)
+			res <- err
+		}()
+		cancel()
+		if err := <-res; !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("WaitContext cancelled while waiting = %v, want context.Canceled", err)
+		}
+		// A deadline.
+		ctx, cancel = context.WithTimeout(context.Background(), time.Millisecond)
+		defer cancel()
+		if _, err := r.WaitContext(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("WaitContext(deadline) = %v, want context.DeadlineExceeded", err)
+		}
+		if _, done, err := r.Test(); done || err != nil {
+			return fmt.Errorf("request complete (err %v) without a message", err)
+		}
+		close(maySend)
+		st, err := r.WaitContext(context.Background())
+		if err != nil {
+			return err
+		}
+		if st.Count != 5000 || st.Source != 0 {
+			return fmt.Errorf("status %+v", st)
+		}
+		return checkBytes("after WaitContext gave up", got, expected(5000, 3))
+	})
+}
+
+// Test does not block; it reports completion once the message arrived.
+func TestRequestTest(t *testing.T) {
+	j := newJob()
+	maySend := make(chan struct{})
+	mustRunJob(t, j, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			if err := j.wait(maySend); err != nil {
+				return err
+			}
+			return w.Send(pattern(300000, 4), 1, 2)
+		}
+		got := make([]byte, 300000)
+		r, err := w.Irecv(got, 0, 2)
+		if err != nil {
+			return err
+		}
+		for range 100 {
+			if _, done, err := r.Test(); done || err != nil {
+				return fmt.Errorf("Test: done=%v err=%v before anything was sent", done, err)
+			}
+		}
+		close(maySend)
+		for {
+			st, done, err := r.Test()
+			if err != nil {
+				return err
+			}
+			if done {
+				if st.Count != 300000 || st.Tag != 2 {
+					return fmt.Errorf("status %+v", st)
+				}
+				break
+			}
+			runtime.Gosched()
+		}
+		return checkBytes("tested receive", got, expected(300000, 4))
+	})
+}
+
+// Cancel takes effect on a receive that has not matched (the message then
+// goes to a later receive), and has no effect on one that has.
+func TestCancelRecv(t *testing.T) {
+	j := newJob()
+	cancelled, sent := make(chan struct{}), make(chan struct{})
+	mustRunJob(t, j, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			if err := j.wait(cancelled); err != nil {
+				return err
+			}
+			if err := w.Send([]byte("seven"), 1, 7); err != nil {
+				return err
+			}
+			if err := w.Send([]byte("eight"), 1, 8); err != nil {
+				return err
+			}
+			r, err := w.Isend(pattern(300000, 9), 1, 9)
+			if err != nil {
+				return err
+			}
+			close(sent)
+			_, err = r.Wait()
+			return err
+		}
+		buf := make([]byte, 16)
+		r, err := w.Irecv(buf, 0, 7)
+		if err != nil {
+			return err
+		}
+		if err := r.Cancel(); err != nil {
+			return err
+		}
+		st, err := r.Wait()
+		if err != nil || !st.Cancelled {
+			return fmt.Errorf("cancelled unmatched receive: status %+v, error %v; want Cancelled", st, err)
+		}
+		close(cancelled)
+		// The tag-7 message goes to the next receive.
+		if st, err := w.Recv(buf, 0, 7); err != nil || string(buf[:st.Count]) != "seven" {
+			return fmt.Errorf("receive after a cancelled one: %q %v", buf[:st.Count], err)
+		}
+		if err := j.wait(sent); err != nil {
+			return err
+		}
+		// Matched at once (the message is waiting): Cancel has no effect.
+		if _, err := w.Probe(0, 8); err != nil {
+			return err
+		}
+		r, err = w.Irecv(buf, 0, 8)
+		if err != nil {
+			return err
+		}
+		if err := r.Cancel(); err != nil {
+			return err
+		}
+		if st, err = r.Wait(); err != nil || st.Cancelled || string(buf[:st.Count]) != "eight" {
+			return fmt.Errorf("cancel after match: status %+v %q, error %v; want the message", st, buf[:st.Count], err)
+		}
+		// A matched rendezvous receive.
+		big := make([]byte, 300000)
+		if _, err := w.Probe(0, 9); err != nil {
+			return err
+		}
+		r, err = w.Irecv(big, 0, 9)
+		if err != nil {
+			return err
+		}
+		if err := r.Cancel(); err != nil {
+			return err
+		}
+		if st, err = r.Wait(); err != nil || st.Cancelled || st.Count != 300000 {
+			return fmt.Errorf("cancel of a matched rendezvous receive: status %+v, error %v", st, err)
+		}
+		if err := checkBytes("rendezvous after Cancel", big, expected(300000, 9)); err != nil {
+			return err
+		}
+		// Cancel on completed and ProcNull requests is harmless.
+		if err := r.Cancel(); err != nil {
+			return err
+		}
+		if st2, err := r.Wait(); err != nil || st2 != st {
+			return fmt.Errorf("Wait after Cancel of a completed request: %+v %v, want %+v", st2, err, st)
+		}
+		rn, err := w.Irecv(buf, mpi.ProcNull, 0)
+		if err != nil {
+			return err
+		}
+		if err := rn.Cancel(); err != nil {
+			return err
+		}
+		if st, err := rn.Wait(); err != nil || st.Source != mpi.ProcNull {
+			return fmt.Errorf("ProcNull receive after Cancel: %+v %v", st, err)
+		}
+		return nil
+	})
+}
+
+// Cancel on a send: if Status.Cancelled says it took effect the message
+// is never delivered, otherwise it is delivered normally.
+func TestCancelSend(t *testing.T) {
+	for _, size := range []int{10, 300000} {
+		t.Run(fmt.Sprintf("size=%d", size), func(t *testing.T) {
+			j := newJob()
+			cancelled := make(chan bool, 1)
+			mustRunJob(t, j, 2, func(w *mpi.Comm) error {
+				if w.Rank() == 0 {
+					r, err := w.Isend(pattern(size, 5), 1, 1)
+					if err != nil {
+						return err
+					}
+					if err := r.Cancel(); err != nil {
+						return err
+					}
+					if err := w.Send([]byte("marker"), 1, 2); err != nil {
+						return err
+					}
+					st, err := r.Wait()
+					if err != nil {
+						return err
+					}
+					cancelled <- st.Cancelled
+					return nil
+				}
+				if _, err := w.Recv(make([]byte, 6), 0, 2); err != nil {
+					return err
+				}
+				got := make([]byte, size)
+				r, err := w.Irecv(got, 0, 1)
+				if err != nil {
+					return err
+				}
+				c, err := recvFrom(j, cancelled)
+				if err != nil {
+					return err
+				}
+				if c {
+					// The message must never match.
+					if err := r.Cancel(); err != nil {
+						return err
+					}
+					if st, err := r.Wait(); err != nil || !st.Cancelled {
+						return fmt.Errorf("a send reported Cancelled was delivered: %+v %v", st, err)
+					}
+					return nil
+				}
+				if st, err := r.Wait(); err != nil || st.Cancelled || st.Count != size {
+					return fmt.Errorf("a send whose Cancel had no effect: receive %+v %v", st, err)
+				}
+				return checkBytes("uncancelled send", got, expected(size, 5))
+			})
+		})
+	}
+}
+
+// Waitall skips nil entries and joins the errors (a truncated receive)
+// while completing the other requests.
+func TestWaitall(t *testing.T) {
+	mustRun(t, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			for tag := range 3 {
+				if err := w.Send(pattern(100, uint64(tag)), 1, tag); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		bufs := [][]byte{make([]byte, 100), make([]byte, 10), make([]byte, 100)}
+		reqs := make([]*mpi.Request, 5)
+		for tag := range 3 {
+			var err error
+			if reqs[tag*2], err = w.Irecv(bufs[tag], 0, tag); err != nil {
+				return err
+			}
+		}
+		sts, err := mpi.Waitall(reqs)
+		if !errors.Is(err, mpi.ErrTruncate) {
+			return fmt.Errorf("Waitall with a truncated receive: %v, want ErrTruncate", err)
+		}
+		if len(sts) != 5 {
+			return fmt.Errorf("Waitall returned %d statuses for 5 entries", len(sts))
+		}
+		for i, want := range []int{100, 0, 10, 0, 100} {
+			if sts[i].Count != want {
+				return fmt.Errorf("status %d: %+v, want count %d", i, sts[i], want)
+			}
+		}
+		if err := checkBytes("first", bufs[0], expected(100, 0)); err != nil {
+			return err
+		}
+		if err := checkBytes("third", bufs[2], expected(100, 2)); err != nil {
+			return err
+		}
+		if sts, err := mpi.Waitall(nil); err != nil || len(sts) != 0 {
+			return fmt.Errorf("Waitall(nil) = %v, %v", sts, err)
+		}
+		return nil
+	})
+}
+
+// Waitany returns the request that completed, sets its entry to nil,
+// skips nil entries, and returns -1 when none is left.
+func TestWaitany(t *testing.T) {
+	order := []int{3, 1, 4, 0, 2}
+	j := newJob()
+	next := make(chan int)
+	mustRunJob(t, j, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			for range order {
+				tag, err := recvFrom(j, next)
+				if err != nil {
+					return err
+				}
+				if err := w.Send(pattern(2000, uint64(tag)), 1, tag); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		if i, _, err := mpi.Waitany(nil); i != -1 || err != nil {
+			return fmt.Errorf("Waitany(nil) = %d, %v; want -1", i, err)
+		}
+		// Requests at positions 0, 2, 3, 5, 6 for tags 0..4; nil between.
+		pos := []int{0, 2, 3, 5, 6}
+		reqs := make([]*mpi.Request, 7)
+		bufs := make([][]byte, 5)
+		for tag := range 5 {
+			bufs[tag] = make([]byte, 2000)
+			var err error
+			if reqs[pos[tag]], err = w.Irecv(bufs[tag], 0, tag); err != nil {
+				return err
+			}
+		}
+		for _, tag := range order {
+			select {
+			case next <- tag:
+			case <-j.dead:
+				return errPeerFailed
+			}
+			i, st, err := mpi.Waitany(reqs)
+			if err != nil {
+				return err
+			}
+			if i != pos[tag] || st.Tag != tag || st.Count != 2000 {
+				return fmt.Errorf("Waitany = %d, %+v; want index %d tag %d", i, st, pos[tag], tag)
+			}
+			if reqs[i] != nil {
+				return fmt.Errorf("Waitany left entry %d set", i)
+			}
+			if err := checkBytes("Waitany data", bufs[tag], expected(2000, uint64(tag))); err != nil {
+				return err
+			}
+		}
+		if i, _, err := mpi.Waitany(reqs); i != -1 || err != nil {
+			return fmt.Errorf("Waitany with only nil entries = %d, %v; want -1", i, err)
+		}
+		return nil
+	})
+}
+
+// Waitsome returns at least one completed request, every returned entry
+// set to nil, and nothing when no request is left.
+func TestWaitsome(t *testing.T) {
+	j := newJob()
+	sendTags := make(chan []int)
+	mustRunJob(t, j, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			for range 2 {
+				tags, err := recvFrom(j, sendTags)
+				if err != nil {
+					return err
+				}
+				for _, tag := range tags {
+					if err := w.Send(pattern(3000, uint64(tag)), 1, tag); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}
+		reqs := make([]*mpi.Request, 6)
+		bufs := make([][]byte, 6)
+		for tag := range reqs {
+			bufs[tag] = make([]byte, 3000)
+			var err error
+			if reqs[tag], err = w.Irecv(bufs[tag], 0, tag); err != nil {
+				return err
+			}
+		}
+		collect := func(want []int) error {
+			var got []int
+			for len(got) < len(want) {
+				idx, sts, err := mpi.Waitsome(reqs)
+				if err != nil {
+					return err
+				}
+				if len(idx) == 0 || len(idx) != len(sts) {
+					return fmt.Errorf("Waitsome returned %v and %d statuses", idx, len(sts))
+				}
+				for k, i := range idx {
+					if !slices.Contains(want, i) || slices.Contains(got, i) {
+						return fmt.Errorf("Waitsome returned index %d; want one of %v not seen yet (seen %v)", i, want, got)
+					}
+					if reqs[i] != nil {
+						return fmt.Errorf("Waitsome left entry %d set", i)
+					}
+					if sts[k].Tag != i || sts[k].Count != 3000 {
+						return fmt.Errorf("Waitsome status %+v for index %d", sts[k], i)
+					}
+					if err := checkBytes("Waitsome data", bufs[i], expected(3000, uint64(i))); err != nil {
+						return err
+					}
+					got = append(got, i)
+				}
+			}
+			return nil
+		}
+		for _, tags := range [][]int{{4, 0, 2}, {1, 5, 3}} {
+			select {
+			case sendTags <- tags:
+			case <-j.dead:
+				return errPeerFailed
+			}
+			if err := collect(tags); err != nil {
+				return err
+			}
+		}
+		if idx, sts, err := mpi.Waitsome(reqs); len(idx) != 0 || len(sts) != 0 || err != nil {
+			return fmt.Errorf("Waitsome with only nil entries = %v, %v, %v", idx, sts, err)
+		}
+		return nil
+	})
+}
+
+// Testall is false while any request is pending and then returns every
+// status; Testany reports one completed request at a time.
+func TestTestallTestany(t *testing.T) {
+	j := newJob()
+	maySend := make(chan struct{})
+	mustRunJob(t, j, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			for round := range 2 {
+				if err := j.wait(maySend); err != nil {
+					return err
+				}
+				for tag := range 3 {
+					if err := w.Send(pattern(5000, uint64(10*round+tag)), 1, tag); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}
+		post := func() ([]*mpi.Request, [][]byte, error) {
+			reqs := make([]*mpi.Request, 4) // entry 1 stays nil
+			bufs := make([][]byte, 3)
+			for tag := range 3 {
+				bufs[tag] = make([]byte, 5000)
+				var err error
+				if reqs[[]int{0, 2, 3}[tag]], err = w.Irecv(bufs[tag], 0, tag); err != nil {
+					return nil, nil, err
+				}
+			}
+			return reqs, bufs, nil
+		}
+		// Testall.
+		reqs, bufs, err := post()
+		if err != nil {
+			return err
+		}
+		for range 50 {
+			if _, ok, err := mpi.Testall(reqs); ok || err != nil {
+				return fmt.Errorf("Testall = %v, %v before anything was sent", ok, err)
+			}
+		}
+		if i, _, ok, err := mpi.Testany(reqs); ok || err != nil {
+			return fmt.Errorf("Testany = %d, %v, %v before anything was sent", i, ok, err)
+		}
+		if err := j.signal(maySend); err != nil {
+			return err
+		}
+		var sts []mpi.Status
+		for {
+			var ok bool
+			if sts, ok, err = mpi.Testall(reqs); err != nil {
+				return err
+			}
+			if ok {
+				break
+			}
+			runtime.Gosched()
+		}
+		for k, i := range []int{0, 2, 3} {
+			if sts[i].Tag != k || sts[i].Count != 5000 {
+				return fmt.Errorf("Testall status %d: %+v", i, sts[i])
+			}
+			if err := checkBytes("Testall data", bufs[k], expected(5000, uint64(k))); err != nil {
+				return err
+			}
+		}
+		// Testany.
+		if reqs, bufs, err = post(); err != nil {
+			return err
+		}
+		if err := j.signal(maySend); err != nil {
+			return err
+		}
+		seen := map[int]bool{}
+		for len(seen) < 3 {
+			i, st, ok, err := mpi.Testany(reqs)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				runtime.Gosched()
+				continue
+			}
+			k := slices.Index([]int{0, 2, 3}, i)
+			if k < 0 || seen[i] || st.Tag != k || reqs[i] != nil {
+				return fmt.Errorf("Testany = %d, %+v (seen %v, entry now %v)", i, st, seen, reqs[i])
+			}
+			if err := checkBytes("Testany data", bufs[k], expected(5000, uint64(10+k))); err != nil {
+				return err
+			}
+			seen[i] = true
+		}
+		if i, _, ok, err := mpi.Testany(reqs); i != -1 || !ok || err != nil {
+			return fmt.Errorf("Testany with only nil entries = %d, %v, %v; want -1, true", i, ok, err)
+		}
+		return nil
+	})
+}
+
+// Status.Elements counts whole elements of a datatype, or Undefined.
+func TestStatusElements(t *testing.T) {
+	pair := mustType(convertor.Contiguous(2, convertor.Int32))
+	for _, c := range []struct {
+		count int
+		dt    convertor.Datatype
+		want  int
+	}{
+		{0, convertor.Float64, 0},
+		{24, convertor.Float64, 3},
+		{24, convertor.Byte, 24},
+		{24, convertor.Complex128, mpi.Undefined},
+		{24, pair, 3},
+		{12, pair, mpi.Undefined},
+		{13, convertor.Int32, mpi.Undefined},
+		{8, convertor.Datatype{}, mpi.Undefined},
+	} {
+		if got := (mpi.Status{Count: c.count}).Elements(c.dt); got != c.want {
+			t.Errorf("Status{Count: %d}.Elements(%v) = %d, want %d", c.count, c.dt, got, c.want)
+		}
+	}
+	// On a real receive.
+	mustRun(t, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			return w.Send(make([]int16, 7), 1, 0)
+		}
+		st, err := w.Recv(make([]byte, 64), 0, 0)
+		if err != nil {
+			return err
+		}
+		if st.Elements(convertor.Int16) != 7 || st.Elements(convertor.Int32) != mpi.Undefined {
+			return fmt.Errorf("14 bytes: Elements(Int16) = %d, Elements(Int32) = %d", st.Elements(convertor.Int16), st.Elements(convertor.Int32))
+		}
+		return nil
+	})
+}
+
+// Methods on a nil *Request report an error instead of panicking.
+func TestNilRequest(t *testing.T) {
+	within(t, "nil request methods", func() { nilRequest(t) })
+}
+
+func nilRequest(t *testing.T) {
+	var r *mpi.Request
+	if _, err := r.Wait(); err == nil {
+		t.Error("Wait on a nil request succeeded")
+	}
+	if _, err := r.WaitContext(context.Background()); err == nil {
+		t.Error("WaitContext on a nil request succeeded")
+	}
+	if _, _, err := r.Test(); err == nil {
+		t.Error("Test on a nil request succeeded")
+	}
+	if err := r.Cancel(); err == nil {
+		t.Error("Cancel on a nil request succeeded")
+	}
+}
