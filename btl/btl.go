@@ -155,7 +155,10 @@ type Module interface {
 	// stay valid (and, for Go memory, reachable) until Release.
 	Register(mem []byte, access Access) (Registration, error)
 
-	// Close tears the module down: pending operations complete with ErrClosed.
+	// Close tears the module down: pending operations complete with an
+	// error wrapping ErrClosed, and so does every later call. An orderly
+	// Close is not a peer failure (no Dispatcher.PeerFailed for it). Close
+	// must not be called from a Handler or a completion callback.
 	Close() error
 }
 
@@ -171,7 +174,7 @@ type Endpoint interface {
 	SendImmediate(tag Tag, hdr, data []byte) error
 
 	// Send transmits hdr followed by data as one fragment; len(hdr)+len(data)
-	// is at most Limits().MaxSendSize (EagerLimit for eager fragments). hdr
+	// is at most max(Limits().EagerLimit, Limits().MaxSendSize). hdr
 	// is copied before Send returns. data is owned by the module until the
 	// operation completes: done == true means it completed during the call
 	// (cb is not called); otherwise cb is called once later. An error return
@@ -192,7 +195,12 @@ type Endpoint interface {
 	// at byte offset off. Get reads from it into local. local is owned by the
 	// module until completion (done or cb, as for Send). They need CapPut /
 	// CapGet; a handle that does not decode or a range outside the
-	// registration is an error wrapping ErrBadHandle.
+	// registration is an error wrapping ErrBadHandle. A Put's data is in
+	// the peer's memory before any fragment sent on this endpoint after
+	// the Put completed arrives (the FIN that announces it relies on this).
+	// A handle names memory only while its Registration is held; a handle
+	// from another module or a released one is ErrBadHandle, never a write
+	// elsewhere.
 	Put(local []byte, handle []byte, off int, cb Completion) (done bool, err error)
 	Get(local []byte, handle []byte, off int, cb Completion) (done bool, err error)
 }
@@ -203,8 +211,9 @@ type Poller interface {
 	// Progress polls for inbound fragments and completions, dispatching
 	// them, and returns how many events it handled.
 	Progress() int
-	// Block waits, without spinning, until Progress may find work or wake
-	// is signalled. It may return early.
+	// Block waits until Progress may find work or wake is signalled,
+	// spinning at most briefly (a transport may poll for a bounded time
+	// before it sleeps). It may return early.
 	Block(wake <-chan struct{})
 }
 
@@ -256,8 +265,9 @@ func (d *Dispatcher) Dispatch(ep Endpoint, tag Tag, hdr, data []byte) {
 func (d *Dispatcher) Handles(tag Tag) bool { return d.handlers[tag] != nil }
 
 // PeerFailed reports that peer died, became unreachable or broke the
-// protocol. Modules call it once per peer and then fail that peer's
-// pending operations.
+// protocol. Modules call it once per peer, with an error that wraps
+// mpierr.ErrProcFailed (or mpierr.ErrProtocol for a broken protocol), and
+// then fail that peer's pending operations.
 func (d *Dispatcher) PeerFailed(peer int, err error) {
 	if d.failed != nil {
 		d.failed(peer, err)
