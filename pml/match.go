@@ -72,10 +72,15 @@ type matchState struct {
 	uKey  map[key]*fragList
 	nWild int
 
-	spare []*reqList // emptied specific lists, reused (at most maxSpare)
+	empty int // specific lists that are empty (kept for reuse, swept when many)
 }
 
-const maxSpare = 64
+// minSweep is how many empty specific lists may stay in the map before a
+// sweep. A list emptied by a match stays for the next receive on the same
+// (source, tag), the common case; a sweep runs when empty lists are more
+// than minSweep and than half the map, so its cost is amortized O(1) and
+// the map stays within twice the live lists plus minSweep.
+const minSweep = 64
 
 func newMatchState(size int) *matchState {
 	return &matchState{
@@ -101,21 +106,18 @@ func (m *matchState) post(r *Request) {
 		k := key{int32(r.peer), int32(r.tag)}
 		l := m.specific[k]
 		if l == nil {
-			if n := len(m.spare); n > 0 {
-				l = m.spare[n-1]
-				m.spare = m.spare[:n-1]
-			} else {
-				l = &reqList{}
-			}
+			l = &reqList{}
 			m.specific[k] = l
+		} else if l.head == nil {
+			m.empty--
 		}
 		l.push(r)
 	}
 }
 
-// unpost removes a posted request; false if it is not posted. A specific
-// (source, tag) list left empty leaves the map, so programs that use a new
-// tag per message do not grow it.
+// unpost removes a posted request; false if it is not posted. Empty
+// specific (source, tag) lists are swept from the map from time to time,
+// so programs that use a new tag per message do not grow it.
 func (m *matchState) unpost(r *Request) bool {
 	l := r.list
 	if l == nil {
@@ -123,16 +125,22 @@ func (m *matchState) unpost(r *Request) bool {
 	}
 	l.remove(r)
 	if l.head == nil && r.peer != AnySource && r.tag != AnyTag {
-		m.dropSpecific(key{int32(r.peer), int32(r.tag)}, l)
+		m.empty++
+		if m.empty > minSweep && m.empty > len(m.specific)/2 {
+			m.sweep()
+		}
 	}
 	return true
 }
 
-func (m *matchState) dropSpecific(k key, l *reqList) {
-	delete(m.specific, k)
-	if len(m.spare) < maxSpare {
-		m.spare = append(m.spare, l)
+// sweep drops the empty specific lists.
+func (m *matchState) sweep() {
+	for k, l := range m.specific {
+		if l.head == nil {
+			delete(m.specific, k)
+		}
 	}
+	m.empty = 0
 }
 
 // findPosted returns the earliest-posted request matching (src, tag), without removing it.

@@ -42,7 +42,8 @@ func selfComms(t *testing.T, n int) []*Comm {
 // Receives posted on ever new tags (a tag per iteration, a common MPI
 // idiom) must not leave state behind once they matched or were cancelled:
 // the per-(source, tag) posted lists were never removed from the map, so
-// memory grew with the number of distinct tags ever used.
+// memory grew with the number of distinct tags ever used. Empty lists are
+// kept for reuse up to a bound, and swept beyond it.
 func TestPostedListsDoNotAccumulate(t *testing.T) {
 	c := selfComms(t, 2)
 	buf := make([]byte, 8)
@@ -58,6 +59,6 @@ func TestPostedListsDoNotAccumulate(t *testing.T) {
 	e := c[0].e
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	require.Equal(t, 0, len(c[0].m.specific), "posted lists left for tags no receive waits on")
+	require.LessOrEqual(t, len(c[0].m.specific), minSweep+1, "posted lists left for tags no receive waits on")
 	require.Equal(t, 0, len(c[0].m.uKey), "unexpected lists left")
 }

@@ -686,10 +686,10 @@ func (m *matchState) drainList(l *reqList, out []*Request) []*Request {
 
 // drainPosted removes every posted request.
 func (m *matchState) drainPosted(out []*Request) []*Request {
-	for k, l := range m.specific {
+	for _, l := range m.specific {
 		out = m.drainList(l, out)
-		m.dropSpecific(k, l)
 	}
+	m.sweep()
 	for i := range m.srcAny {
 		out = m.drainList(&m.srcAny[i], out)
 	}
@@ -702,9 +702,9 @@ func (m *matchState) drainSource(src int, out []*Request) []*Request {
 	for k, l := range m.specific {
 		if int(k.src) == src {
 			out = m.drainList(l, out)
-			m.dropSpecific(k, l)
 		}
 	}
+	m.sweep()
 	out = m.drainList(&m.srcAny[src], out)
 	return m.drainList(&m.wild, out)
 }

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# In-process figures of docs/PERFORMANCE.md (issue: point-to-point core):
+# self latency against a Go channel ping-pong, 4 MiB RDMA get/put against
+# copy(), matching with 1 and 10,000 posted receives, allocations.
+# Usage: bench/self.sh [ROUNDS]   (default 5; benchmarks interleaved per round)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-5}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+go test -c -o "$tmp/mpi.test" ./mpi
+go test -c -o "$tmp/pml.test" ./pml
+for i in $(seq "$rounds"); do
+	"$tmp/mpi.test" -test.run '^$' -test.bench 'ChannelPingPong|SelfPingPong|SelfBandwidth|Copy' \
+		-test.benchtime 1s -test.benchmem >>"$tmp/out"
+	"$tmp/pml.test" -test.run '^$' -test.bench 'Match' -test.benchtime 1s -test.benchmem >>"$tmp/out"
+done
+# name -> median ns/op (and allocs/op of the last run)
+awk '/^Benchmark/ {
+	name=$1; sub(/-[0-9]+$/, "", name)
+	for (i = 2; i <= NF; i++) { if ($(i+1) == "ns/op") ns[name] = ns[name] " " $i; if ($(i+1) == "allocs/op") al[name] = $i }
+}
+END {
+	for (n in ns) {
+		k = split(substr(ns[n], 2), v, " ")
+		# insertion sort
+		for (i = 2; i <= k; i++) { x = v[i] + 0; j = i - 1; while (j > 0 && v[j] + 0 > x) { v[j+1] = v[j]; j-- } v[j+1] = x }
+		med = (k % 2) ? v[(k+1)/2] : (v[k/2] + v[k/2+1]) / 2
+		printf "%s %.1f %s %d\n", n, med, (n in al) ? al[n] : "-", k
+	}
+}' "$tmp/out" | sort >"$tmp/med"
+cat "$tmp/med"
+get() { awk -v n="$1" '$1 == n { print $2 }' "$tmp/med"; }
+ch=$(get BenchmarkChannelPingPong); se=$(get BenchmarkSelfPingPong/size=8B)
+cp=$(get BenchmarkCopy); g=$(get BenchmarkSelfBandwidth/proto=rdma_get/size=4MiB); p=$(get BenchmarkSelfBandwidth/proto=rdma_put/size=4MiB)
+m1=$(get BenchmarkMatch/posted=1); m2=$(get BenchmarkMatch/posted=10000)
+echo
+echo "| figure | gompi | yardstick | ratio | target |"
+echo "| --- | ---: | ---: | ---: | --- |"
+awk -v ch="$ch" -v se="$se" -v cp="$cp" -v g="$g" -v p="$p" -v m1="$m1" -v m2="$m2" 'BEGIN {
+	printf "| 8 B latency, half round trip (ns) | %.0f | channel %.0f | %.2fx | <= 1.5x |\n", se/2, ch/2, se/ch
+	printf "| 4 MiB rdma_get (GB/s) | %.2f | copy() %.2f | %.0f%% | >= 80%% |\n", 4194304/g, 4194304/cp, 100*cp/g
+	printf "| 4 MiB rdma_put (GB/s) | %.2f | copy() %.2f | %.0f%% | >= 80%% |\n", 4194304/p, 4194304/cp, 100*cp/p
+	printf "| match, 10,000 posted (ns/op) | %.0f | 1 posted %.0f | %.2fx | <= 2x |\n", m2, m1, m2/m1
+}'
+echo
+echo "rounds: $rounds; machine load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
