@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"sort"
 	"strings"
@@ -222,8 +221,8 @@ func ranges(f func(int) string, l btl.Limits) []rangeRow {
 }
 
 func size(n int) string {
-	if n >= math.MaxInt32 {
-		return fmt.Sprintf("%d", n)
+	if n > 0 && n%(1<<10) == 0 {
+		return params.FormatSize(n) + " B"
 	}
 	return fmt.Sprintf("%d B", n)
 }
