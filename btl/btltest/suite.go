@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,6 +54,9 @@ var Timeout = 30 * time.Second
 // sends in flight to it complete, later ones fail, and other peers are
 // unaffected. Every wait is bounded by Timeout.
 //
+// The Polled subtests repeat some of these while a goroutine per rank
+// calls Progress in a loop, for modules that implement btl.Poller.
+//
 // Beyond btl.go the suite relies on one ordering rule that the PML's FIN
 // protocol needs: a fragment sent on an endpoint after a Put on it
 // completed is delivered after the Put's data is in the peer's memory.
@@ -67,6 +71,56 @@ func Run(t *testing.T, mk func(t *testing.T, n int) []Peer) {
 	t.Run("Close", func(t *testing.T) { testClose(t, mk) })
 	t.Run("PeerKilled", func(t *testing.T) { testPeerKilled(t, mk) })
 	t.Run("PeerKilledBeforeConnect", func(t *testing.T) { testKilledBeforeConnect(t, mk) })
+	t.Run("Polled", func(t *testing.T) {
+		pmk := polled(mk)
+		t.Run("Ordered", func(t *testing.T) { testOrdered(t, pmk) })
+		t.Run("ConcurrentSenders", func(t *testing.T) { testConcurrent(t, pmk) })
+		t.Run("PutGet", func(t *testing.T) { testPutGet(t, pmk) })
+		t.Run("PeerKilled", func(t *testing.T) { testPeerKilled(t, pmk) })
+	})
+}
+
+// polled wraps mk so that, for every module that is a btl.Poller, a
+// goroutine calls Progress in a loop (as a PML spinning in a wait does)
+// while the module's own goroutines deliver too; Block is called now and
+// then. The subtests then check that polling changes nothing a user sees:
+// bytes, order, exactly-once delivery, failure reports. Modules that are
+// not Pollers run as in the plain subtests.
+func polled(mk func(*testing.T, int) []Peer) func(*testing.T, int) []Peer {
+	return func(t *testing.T, n int) []Peer {
+		peers := mk(t, n)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for _, p := range peers {
+			pl, ok := p.Module.(btl.Poller)
+			if !ok {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				idle := 0
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if pl.Progress() > 0 {
+						idle = 0
+						continue
+					}
+					if idle++; idle%4096 == 0 {
+						pl.Block(stop)
+					} else {
+						runtime.Gosched()
+					}
+				}
+			}()
+		}
+		t.Cleanup(func() { close(stop); wg.Wait() }) // before mk's cleanups close the modules
+		return peers
+	}
 }
 
 // pattern is the source of every payload: data for (sender, seq, size) is

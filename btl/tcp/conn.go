@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/internal/mpierr"
@@ -55,13 +56,24 @@ func completeAll(m *module, frames []*outFrame, err error) {
 
 // conn is one established, authenticated connection of an endpoint. Its
 // write side belongs to whoever set busy: a sender writing its frame
-// directly, or the writer goroutine draining q. Its reader goroutine owns
-// the read side.
+// directly, or the writer goroutine draining q. Its read side belongs to
+// whoever holds rmu: the reader goroutine, after the netpoller reported
+// the socket readable, or a goroutine polling through Module.Progress
+// (the application waiting in the PML), which reads and dispatches on its
+// own goroutine and so saves the reader goroutine's wake-up. Both read
+// without blocking until the socket is empty; pollers only TryLock, the
+// reader goroutine waits for the lock, then looks at the socket itself
+// before it parks, so no byte is left unread without a goroutine that will
+// be woken for it.
 type conn struct {
 	ep *endpoint
 	m  *module
 	s  *sock
-	rd *frameReader
+
+	rmu   sync.Mutex   // the read side: rd, s's read state, rerr
+	rd    *frameReader // rmu
+	rerr  error        // rmu: why the read side ended
+	rdead atomic.Bool  // rerr is set: pollers stay away
 
 	mu      sync.Mutex  // guards q, busy, err, closing
 	q       []*outFrame // frames waiting for the write side, in order
@@ -77,7 +89,7 @@ type conn struct {
 	iov   [][]byte             // iovec scratch of the write-side owner
 	batch []*outFrame          // the writer goroutine's spare queue slice
 
-	getting *getOp // reader: the Get whose reply is being read
+	getting *getOp // rmu: the Get whose reply is being read
 	wdone   chan struct{}
 }
 
@@ -307,11 +319,70 @@ func (c *conn) closeOrderly() {
 	completeAll(c.m, q, err)
 }
 
+// drain handles the frames that can be read without blocking; rmu is held.
+// It returns how many it handled and, if the read side ended, why.
+func (c *conn) drain() (int, error) {
+	n := 0
+	for {
+		switch err := c.rd.next(); err {
+		case nil:
+			n++
+		case errWouldBlock:
+			return n, nil
+		default:
+			return n, err
+		}
+	}
+}
+
+// poll reads and dispatches what the socket holds, on the calling
+// goroutine, unless another goroutine is reading it; it returns the frames
+// handled. The reader goroutine reports the end of the read side.
+func (c *conn) poll() int {
+	if c.rdead.Load() || !c.rmu.TryLock() {
+		return 0
+	}
+	if c.rerr != nil {
+		c.rmu.Unlock()
+		return 0
+	}
+	n, err := c.drain()
+	if err != nil {
+		c.rerr = err
+		c.rdead.Store(true)
+	}
+	c.rmu.Unlock()
+	if err != nil {
+		c.s.kick()
+	}
+	return n
+}
+
 func (c *conn) readLoop() {
 	defer c.m.wg.Done()
 	var err error
-	for err == nil {
-		err = c.rd.next()
+	for {
+		c.rmu.Lock()
+		if c.rerr == nil {
+			if _, c.rerr = c.drain(); c.rerr != nil {
+				c.rdead.Store(true)
+			}
+		}
+		err = c.rerr
+		c.rmu.Unlock()
+		if err != nil {
+			break
+		}
+		if werr := c.s.wait(); werr != nil {
+			c.rmu.Lock()
+			if c.rerr == nil { // else a poller found the end and kicked us
+				c.rerr = werr
+				c.rdead.Store(true)
+			}
+			err = c.rerr
+			c.rmu.Unlock()
+			break
+		}
 	}
 	c.mu.Lock()
 	closing := c.closing
@@ -332,8 +403,11 @@ func (c *conn) readLoop() {
 	default:
 		err = failure(fmt.Sprintf("tcp: rank %d: connection lost: %v", peer, err), mpierr.ErrProcFailed)
 	}
-	if op := c.getting; op != nil {
-		c.getting = nil
+	c.rmu.Lock()
+	op := c.getting
+	c.getting = nil
+	c.rmu.Unlock()
+	if op != nil {
 		op.cb(err)
 	}
 	c.fail(err)

@@ -45,13 +45,21 @@ func TestFrameHeaderRoundTrip(t *testing.T) {
 }
 
 // chunkSource feeds a byte string in reads of at most chunk bytes, as a
-// socket delivering partial reads.
+// socket delivering partial reads; with stall, every other read finds the
+// socket empty (errWouldBlock), as a non-blocking socket between packets.
 type chunkSource struct {
-	b     []byte
-	chunk int
+	b       []byte
+	chunk   int
+	stall   bool
+	stalled bool
 }
 
 func (s *chunkSource) read(p []byte) (int, error) {
+	if s.stall {
+		if s.stalled = !s.stalled; s.stalled {
+			return 0, errWouldBlock
+		}
+	}
 	if len(s.b) == 0 {
 		return 0, io.EOF
 	}
@@ -110,6 +118,16 @@ func (s *fakeSink) getDone(*getOp) { s.gotGet = true }
 
 func frame(h frameHeader, payload []byte) []byte { return encodeFrame(h, payload) }
 
+// nextFrame calls fr.next until it returns something other than
+// errWouldBlock (a poller coming back to a socket).
+func nextFrame(fr *frameReader) error {
+	for {
+		if err := fr.next(); err != errWouldBlock {
+			return err
+		}
+	}
+}
+
 // validStream is one frame of every kind.
 func validStream() []byte {
 	var b []byte
@@ -123,14 +141,15 @@ func validStream() []byte {
 }
 
 func TestFrameReaderPartialReads(t *testing.T) {
-	for chunk := 1; chunk < 70; chunk++ {
+	for i := 2; i < 140; i++ {
+		chunk, stall := i/2, i%2 == 1
 		s := newFakeSink()
-		fr := newFrameReader(&chunkSource{b: validStream(), chunk: chunk}, s, 1024)
+		fr := newFrameReader(&chunkSource{b: validStream(), chunk: chunk, stall: stall}, s, 1024)
 		var err error
 		for err == nil {
-			err = fr.next()
+			err = nextFrame(fr)
 		}
-		require.ErrorIs(t, err, errPeerClosed, "chunk %d", chunk)
+		require.ErrorIs(t, err, errPeerClosed, "chunk %d stall %v", chunk, stall)
 		require.Equal(t, [][2][]byte{{[]byte("hdr"), []byte("data!")}, {{}, {}}}, s.sends)
 		require.Equal(t, 1, s.puts)
 		require.Equal(t, bytes.Repeat([]byte{7}, 10), s.mem[54:])
@@ -153,10 +172,10 @@ func TestFrameReaderGrow(t *testing.T) {
 	}
 	for _, chunk := range []int{1000, 65536, 1 << 20} {
 		s := newFakeSink()
-		fr := newFrameReader(&chunkSource{b: stream, chunk: chunk}, s, maxSend)
+		fr := newFrameReader(&chunkSource{b: stream, chunk: chunk, stall: chunk == 1000}, s, maxSend)
 		var err error
 		for err == nil {
-			err = fr.next()
+			err = nextFrame(fr)
 		}
 		require.ErrorIs(t, err, io.EOF)
 		require.Len(t, s.sends, len(want))
@@ -175,12 +194,14 @@ func TestFrameReaderDirectPut(t *testing.T) {
 	s.regs.m[1].mem = s.mem
 	data := bytes.Repeat([]byte("0123456789abcdef"), (1<<20)/16)
 	stream := append(frame(frameHeader{kind: framePut, length: uint64(len(data)), reg: 1}, data), frame(frameHeader{kind: frameClose}, nil)...)
-	for _, chunk := range []int{100, 4096, 1 << 20} {
-		clear(s.mem)
-		fr := newFrameReader(&chunkSource{b: stream, chunk: chunk}, s, 1024)
-		require.NoError(t, fr.next())
-		require.Equal(t, data, s.mem)
-		require.ErrorIs(t, fr.next(), errPeerClosed)
+	for _, chunk := range []int{100, 4096, 5000, 1 << 20} {
+		for _, stall := range []bool{false, true} {
+			clear(s.mem)
+			fr := newFrameReader(&chunkSource{b: stream, chunk: chunk, stall: stall}, s, 1024)
+			require.NoError(t, nextFrame(fr))
+			require.Equal(t, data, s.mem)
+			require.ErrorIs(t, nextFrame(fr), errPeerClosed)
+		}
 	}
 }
 
@@ -197,11 +218,12 @@ func FuzzFrameReader(f *testing.F) {
 	f.Add(frame(frameHeader{kind: frameGetReply, length: 15, req: 5}, make([]byte, 15)), uint8(3))
 	f.Fuzz(func(t *testing.T, b []byte, chunk uint8) {
 		s := newFakeSink()
-		fr := newFrameReader(&chunkSource{b: b, chunk: int(chunk) + 1}, s, 1024)
+		// Odd chunk values also make every other read find nothing.
+		fr := newFrameReader(&chunkSource{b: b, chunk: int(chunk)/2 + 1, stall: chunk%2 == 1}, s, 1024)
 		fr.buf = make([]byte, 48) // exercise compaction and growth
 		var err error
-		for i := 0; err == nil; i++ {
-			if i > len(b) {
+		for i := 0; err == nil || err == errWouldBlock; i++ {
+			if i > 4*len(b)+4 {
 				t.Fatal("parser does not progress")
 			}
 			err = fr.next()

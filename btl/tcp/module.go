@@ -15,6 +15,7 @@ import (
 var (
 	_ btl.Module       = (*module)(nil)
 	_ btl.Counted      = (*module)(nil)
+	_ btl.Poller       = (*module)(nil)
 	_ btl.Endpoint     = (*endpoint)(nil)
 	_ btl.Registration = (*registration)(nil)
 )
@@ -139,6 +140,46 @@ func decodeHandle(handle []byte, off, n int) (uint64, error) {
 		return 0, fmt.Errorf("tcp: range %d+%d outside the %d-byte registration: %w", off, n, size, btl.ErrBadHandle)
 	}
 	return id, nil
+}
+
+// Progress reads and dispatches, on the calling goroutine, what the link's
+// connected sockets hold, skipping a socket that its reader goroutine (or
+// another poller) is reading; it returns the number of frames handled. It
+// never blocks. A PML that waits by spinning on Progress gets its messages
+// without the wake-up of a reader goroutine (btl_tcp_poll=false turns this
+// off: Progress then does nothing and the reader goroutines deliver
+// everything).
+func (m *module) Progress() int {
+	if !canPoll || !m.sh.cfg.poll {
+		return 0
+	}
+	n := 0
+	for i := range m.eps {
+		if ep := m.eps[i].Load(); ep != nil {
+			if c := ep.cur.Load(); c != nil {
+				n += c.poll()
+			}
+		}
+	}
+	return n
+}
+
+// blockNap bounds Block: the reader goroutines deliver while it sleeps, so
+// it only has to return for the PML to poll other transports that it
+// does not block on.
+const blockNap = 100 * time.Millisecond
+
+// Block waits until wake is signalled (or closed), the module closes, or
+// blockNap passes. The reader goroutines keep delivering meanwhile, so
+// nothing waits for Progress.
+func (m *module) Block(wake <-chan struct{}) {
+	t := time.NewTimer(blockNap)
+	select {
+	case <-wake:
+	case <-m.ctx.Done():
+	case <-t.C:
+	}
+	t.Stop()
 }
 
 // Close closes every connection of this link in order: operations not yet

@@ -8,9 +8,10 @@ import (
 	"github.com/gompi-org/gompi/btl"
 )
 
-// source is the byte stream a frameReader parses: a socket (sock.read, with
-// busy polling) or, in tests, any io.Reader. read follows io.Reader, except
-// that it is never called with an empty p.
+// source is the byte stream a frameReader parses: a non-blocking socket
+// (sock.read) or, in tests, any io.Reader. read follows io.Reader, except
+// that it is never called with an empty p and that it may return
+// errWouldBlock (with no bytes) when nothing can be read right now.
 type source interface {
 	read(p []byte) (int, error)
 }
@@ -37,6 +38,10 @@ type frameSink interface {
 // errPeerClosed: the peer sent a CLOSE frame.
 var errPeerClosed = errors.New("tcp: peer closed the connection")
 
+// errWouldBlock: the source has no bytes right now (a non-blocking socket).
+// The frameReader keeps its place; calling next again resumes.
+var errWouldBlock = errors.New("tcp: read would block")
+
 // protoError marks a violation of the wire protocol found by the reader.
 type protoError struct{ msg string }
 
@@ -51,9 +56,12 @@ const (
 )
 
 // frameReader parses frames from a byte stream, resuming after partial
-// reads. SEND frames are dispatched from its buffer without copying; PUT
-// and GETREPLY payloads are copied from what is already buffered and the
-// rest is read directly into the destination memory.
+// reads: a source may return errWouldBlock at any point, and the next call
+// of next continues where it stopped (the socket sources are non-blocking,
+// so that a waiting application goroutine can poll them). SEND frames are
+// dispatched from its buffer without copying, once complete; PUT and
+// GETREPLY payloads are copied from what is already buffered and the rest
+// is read directly into the destination memory.
 type frameReader struct {
 	src     source
 	sink    frameSink
@@ -61,6 +69,14 @@ type frameReader struct {
 	buf     []byte // buf[r:w] is read but not yet parsed
 	r, w    int
 	bufMax  int // len(buf) never exceeds this
+
+	// The PUT or GETREPLY whose payload is being read (filling): dst[:k]
+	// is in place.
+	filling bool
+	kind    frameKind
+	dst     []byte
+	k       int
+	op      *getOp
 }
 
 func newFrameReader(src source, sink frameSink, maxSend int) *frameReader {
@@ -70,6 +86,7 @@ func newFrameReader(src source, sink frameSink, maxSend int) *frameReader {
 
 // need makes at least n unparsed bytes available in buf[r:w]; n is at most
 // maxSend+maxFrameHeader, for which the buffer grows (at least doubling).
+// What it read stays buffered when it returns an error.
 func (fr *frameReader) need(n int) error {
 	if fr.w-fr.r >= n {
 		return nil
@@ -94,32 +111,47 @@ func (fr *frameReader) need(n int) error {
 	return nil
 }
 
-// fill puts the payload of the current frame (length bytes, of which some
-// may be buffered) into dst.
-func (fr *frameReader) fill(dst []byte) error {
-	k := copy(dst, fr.buf[fr.r:fr.w])
-	fr.r += k
-	for rest := len(dst) - k; rest > 0; rest = len(dst) - k {
+// fill continues reading the current PUT or GETREPLY payload into fr.dst
+// and completes the frame when it is all there.
+func (fr *frameReader) fill() error {
+	dst := fr.dst
+	c := copy(dst[fr.k:], fr.buf[fr.r:fr.w])
+	fr.k += c
+	fr.r += c
+	for rest := len(dst) - fr.k; rest > 0; rest = len(dst) - fr.k {
 		if rest < directRead {
 			if err := fr.need(rest); err != nil {
-				return err
+				return unexpected(err)
 			}
-			fr.r += copy(dst[k:], fr.buf[fr.r:fr.r+rest])
-			return nil
+			fr.r += copy(dst[fr.k:], fr.buf[fr.r:fr.r+rest])
+			fr.k = len(dst)
+			break
 		}
-		m, err := fr.src.read(dst[k:])
-		k += m
-		if err != nil && k < len(dst) {
-			return err
+		m, err := fr.src.read(dst[fr.k:])
+		fr.k += m
+		if err != nil && fr.k < len(dst) {
+			return unexpected(err)
 		}
+	}
+	kind, op, n := fr.kind, fr.op, uint64(len(dst))
+	fr.filling, fr.dst, fr.k, fr.op = false, nil, 0, nil
+	if kind == framePut {
+		fr.sink.putDone(n)
+	} else {
+		fr.sink.getDone(op)
 	}
 	return nil
 }
 
-// next parses and handles one frame. It returns errPeerClosed after a
-// CLOSE frame, a *protoError for a protocol violation, or the source's
-// error (io.EOF at a frame boundary, io.ErrUnexpectedEOF inside a frame).
+// next parses and handles one frame. It returns errWouldBlock when the
+// source ran dry first (call again to resume), errPeerClosed after a CLOSE
+// frame, a *protoError for a protocol violation, or the source's error
+// (io.EOF at a frame boundary, io.ErrUnexpectedEOF inside a frame). After
+// an error other than errWouldBlock the reader must not be used again.
 func (fr *frameReader) next() error {
+	if fr.filling {
+		return fr.fill()
+	}
 	if fr.r == fr.w {
 		fr.r, fr.w = 0, 0
 	}
@@ -136,20 +168,21 @@ func (fr *frameReader) next() error {
 	if err != nil {
 		return protof("%v", err)
 	}
-	fr.r += n
 	switch h.kind {
 	case frameSend:
 		if h.length > fr.maxSend || h.payload() > fr.maxSend {
 			return protof("SEND frame of %d+%d bytes exceeds the %d-byte limit (btl_tcp_max_send_size and btl_tcp_eager_limit must match on every rank)", h.hdrLen, h.length, fr.maxSend)
 		}
-		total := int(h.payload())
+		// The header stays unparsed until the whole frame is buffered.
+		total := n + int(h.payload())
 		if err := fr.need(total); err != nil {
 			return unexpected(err)
 		}
-		a, b, c := fr.r, fr.r+int(h.hdrLen), fr.r+total
+		a, b, c := fr.r+n, fr.r+n+int(h.hdrLen), fr.r+total
 		fr.r = c
 		return fr.sink.deliver(h.tag, fr.buf[a:b:b], fr.buf[b:c:c])
 	case framePut:
+		fr.r += n
 		dst, err := fr.sink.putTarget(h.reg, h.off, h.length)
 		if err != nil {
 			return err
@@ -157,14 +190,13 @@ func (fr *frameReader) next() error {
 		if uint64(len(dst)) != h.length {
 			panic("tcp: putTarget returned a buffer of the wrong length")
 		}
-		if err := fr.fill(dst); err != nil {
-			return unexpected(err)
-		}
-		fr.sink.putDone(h.length)
-		return nil
+		fr.filling, fr.kind, fr.dst, fr.op = true, framePut, dst, nil
+		return fr.fill()
 	case frameGetReq:
+		fr.r += n
 		return fr.sink.getRequest(h.reg, h.off, h.length, h.req)
 	case frameGetReply:
+		fr.r += n
 		dst, op, err := fr.sink.getTarget(h.req, h.length)
 		if err != nil {
 			return err
@@ -172,12 +204,10 @@ func (fr *frameReader) next() error {
 		if uint64(len(dst)) != h.length {
 			panic("tcp: getTarget returned a buffer of the wrong length")
 		}
-		if err := fr.fill(dst); err != nil {
-			return unexpected(err)
-		}
-		fr.sink.getDone(op)
-		return nil
+		fr.filling, fr.kind, fr.dst, fr.op = true, frameGetReply, dst, op
+		return fr.fill()
 	case frameClose:
+		fr.r += n
 		return errPeerClosed
 	}
 	panic("tcp: decodeFrameHeader accepted kind " + h.kind.String())

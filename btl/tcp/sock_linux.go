@@ -13,22 +13,30 @@ import (
 // iovMax is the most iovecs one writev takes on Linux (IOV_MAX).
 const iovMax = 1024
 
-// sock is the I/O side of one established connection. read is used by the
-// connection's reader goroutine only; writev by the goroutine that owns the
-// write side (conn.busy) only. The closures are made once so that the hot
-// paths do not allocate.
+// sock is the I/O side of one established connection. read is used by
+// whoever holds the connection's read side (conn.rmu): the reader goroutine
+// or a goroutine polling through Module.Progress. wait is used by the
+// reader goroutine only, writev by the goroutine that owns the write side
+// (conn.busy) only. Reads go through RawConn.Control, not RawConn.Read, so
+// that a poller never queues behind the reader goroutine parked in the
+// netpoller. The closures are made once so that the hot paths do not
+// allocate.
 type sock struct {
 	nc   *net.TCPConn
 	rc   syscall.RawConn
-	spin time.Duration // busy-poll budget of a read before it parks in the netpoller
+	spin time.Duration // busy-poll budget of wait before it parks in the netpoller
 
-	// reader state
-	rp      []byte
-	rn      int
-	rerr    error
+	// read state (conn.rmu)
+	rp     []byte
+	rn     int
+	rerr   error
+	readFn func(fd uintptr)
+
+	// wait state (reader goroutine)
 	spun    bool
 	started time.Time
-	readFn  func(fd uintptr) bool
+	peek    [1]byte
+	waitFn  func(fd uintptr) bool
 
 	// writer state
 	wiov    [][]byte
@@ -38,6 +46,9 @@ type sock struct {
 	writeFn func(fd uintptr) bool
 }
 
+// canPoll: reads never block, so Module.Progress may read the socket.
+const canPoll = true
+
 func newSock(nc *net.TCPConn, spin time.Duration) (*sock, error) {
 	rc, err := nc.SyscallConn()
 	if err != nil {
@@ -45,30 +56,66 @@ func newSock(nc *net.TCPConn, spin time.Duration) (*sock, error) {
 	}
 	s := &sock{nc: nc, rc: rc, spin: spin}
 	s.readFn = s.doRead
+	s.waitFn = s.doWait
 	s.writeFn = s.doWrite
 	return s, nil
 }
 
-// doRead retries a non-blocking read for up to s.spin before it lets the
-// runtime park the goroutine until the socket is readable. Spinning can
-// save the sleep and wake-up of an idle CPU per message. Between retries
-// runtime.Gosched lets goroutines that the reader just woke (a receiver
-// waiting for this message) run on this P at once, and sched_yield lets
-// other threads of this CPU run, such as the peer process when it shares
-// the CPU, which must run for the answer to come.
-func (s *sock) doRead(fd uintptr) bool {
+func (s *sock) doRead(fd uintptr) {
 	for {
 		n, err := unix.Read(int(fd), s.rp)
 		switch err {
 		case nil:
 			s.rn = n
-			return true
+			if n == 0 {
+				s.rerr = io.EOF
+			}
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			s.rerr = errWouldBlock
+		default:
+			s.rerr = err
+		}
+		return
+	}
+}
+
+// read reads what the socket has, at most len(p) > 0 bytes, without
+// blocking: errWouldBlock when it has nothing, io.EOF when the peer closed
+// its side.
+func (s *sock) read(p []byte) (int, error) {
+	s.rp, s.rn, s.rerr = p, 0, nil
+	err := s.rc.Control(s.readFn)
+	s.rp = nil
+	if err == nil {
+		err = s.rerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	return s.rn, nil
+}
+
+// doWait reports whether the socket has something to read (or an error or
+// EOF to report), retrying for up to s.spin before it lets the runtime
+// park the goroutine until the socket is readable. Spinning can save the
+// sleep and wake-up of an idle CPU per message. Between retries
+// runtime.Gosched lets goroutines that the reader just woke run on this P
+// at once, and sched_yield lets other threads of this CPU run, such as the
+// peer process when it shares the CPU, which must run for the answer to
+// come.
+func (s *sock) doWait(fd uintptr) bool {
+	for {
+		_, _, err := unix.Recvfrom(int(fd), s.peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		switch err {
+		case nil:
+			return true // data, or EOF
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
 		default:
-			s.rerr = err
-			return true
+			return true // the read reports the error
 		}
 		if s.spin <= 0 {
 			return false
@@ -84,23 +131,17 @@ func (s *sock) doRead(fd uintptr) bool {
 	}
 }
 
-// read reads at least one byte into p (len(p) > 0), or returns an error
-// (io.EOF when the peer closed its side).
-func (s *sock) read(p []byte) (int, error) {
-	s.rp, s.rn, s.rerr, s.spun = p, 0, nil, false
-	err := s.rc.Read(s.readFn)
-	s.rp = nil
-	if err == nil {
-		err = s.rerr
-	}
-	if err != nil {
-		return 0, err
-	}
-	if s.rn == 0 {
-		return 0, io.EOF
-	}
-	return s.rn, nil
+// wait returns when the socket is readable (or at EOF, or failed), parking
+// in the netpoller; it returns an error when the connection was closed or
+// its read deadline passed (how a poller that found the end of the stream
+// wakes the reader goroutine).
+func (s *sock) wait() error {
+	s.spun = false
+	return s.rc.Read(s.waitFn)
 }
+
+// kick makes a wait in progress, or the next one, return an error.
+func (s *sock) kick() { s.nc.SetReadDeadline(time.Unix(1, 0)) }
 
 func (s *sock) doWrite(fd uintptr) bool {
 	for len(s.wiov) > 0 {

@@ -10,6 +10,10 @@ import (
 // iovMax bounds the iovecs of one write.
 const iovMax = 1024
 
+// canPoll: reads block, so Module.Progress leaves the sockets to the reader
+// goroutines.
+const canPoll = false
+
 // sock is the portable I/O side of a connection: blocking reads through the
 // netpoller (no busy polling) and writes that always block, so SendImmediate
 // only succeeds on Linux.
@@ -20,6 +24,11 @@ type sock struct {
 func newSock(nc *net.TCPConn, _ time.Duration) (*sock, error) { return &sock{nc: nc}, nil }
 
 func (s *sock) read(p []byte) (int, error) { return s.nc.Read(p) }
+
+// wait returns at once: read blocks.
+func (s *sock) wait() error { return nil }
+
+func (s *sock) kick() { s.nc.SetReadDeadline(time.Unix(1, 0)) }
 
 func (s *sock) writev(iov [][]byte, block bool) (int, error) {
 	if !block {

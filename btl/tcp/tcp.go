@@ -64,6 +64,7 @@ const (
 	paramIfInclude      = "btl_tcp_if_include"
 	paramBusyPoll       = "btl_tcp_busy_poll"
 	paramConnectTimeout = "btl_tcp_connect_timeout"
+	paramPoll           = "btl_tcp_poll"
 )
 
 // Ranking data: Open MPI's tcp defaults (latency 100 us, bandwidth 100 Mb/s
@@ -85,6 +86,8 @@ func init() {
 		Help: "comma list of interface names, addresses or CIDR subnets the tcp transport listens on (default: 127.0.0.1 when every rank is on this host, else every non-loopback interface)"})
 	params.Register(params.Def{Name: paramBusyPoll, Kind: params.Duration, Default: "0s",
 		Help: "how long a tcp reader spins on its socket before it sleeps in the netpoller (0: never spin; always 0 when oversubscribed unless set explicitly). Spinning lost to parking in every measurement on the 2-vCPU reference VM; try it on hosts where waking an idle CPU is slow"})
+	params.Register(params.Def{Name: paramPoll, Kind: params.Bool, Default: "true",
+		Help: "a goroutine waiting in the PML reads the sockets itself (btl.Poller) instead of waiting for a reader goroutine to be woken; false: only the reader goroutines read"})
 	params.Register(params.Def{Name: paramConnectTimeout, Kind: params.Duration, Default: "30s",
 		Help: "time allowed to look up a peer's address, connect to it and authenticate"})
 	btl.RegisterComponent(component{})
@@ -101,6 +104,7 @@ type config struct {
 	exclusivity    int
 	links          int
 	spin           time.Duration
+	poll           bool
 	connectTimeout time.Duration
 	maxSend        int // largest SEND frame, header included: max(eager_limit, max_send_size)
 }
@@ -114,6 +118,7 @@ func readConfig(env *btl.Env) (config, error) {
 	c := config{limits: l, caps: caps, exclusivity: excl,
 		links:          p.Int(paramLinks),
 		spin:           p.Duration(paramBusyPoll),
+		poll:           p.Bool(paramPoll),
 		connectTimeout: p.Duration(paramConnectTimeout),
 		maxSend:        max(l.EagerLimit, l.MaxSendSize),
 	}
@@ -186,7 +191,7 @@ func (component) Open(env *btl.Env) ([]btl.Module, error) {
 		sh.wg.Add(1)
 		go sh.acceptLoop(ln)
 	}
-	env.Logf("tcp: rank %d listening on %v, %d link(s), busy poll %v", env.Rank, addrs, cfg.links, cfg.spin)
+	env.Logf("tcp: rank %d listening on %v, %d link(s), busy poll %v, poll %v", env.Rank, addrs, cfg.links, cfg.spin, cfg.poll)
 	return mods, nil
 }
 
