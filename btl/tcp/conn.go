@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/internal/mpierr"
@@ -70,6 +71,8 @@ type conn struct {
 	m  *module
 	s  *sock
 
+	laddr, raddr string // the socket's addresses, for messages and tests
+
 	rmu   sync.Mutex   // the read side: rd, s's read state, rerr
 	rd    *frameReader // rmu
 	rerr  error        // rmu: why the read side ended
@@ -81,9 +84,10 @@ type conn struct {
 	err     error       // set when the connection ended: writes fail with it
 	closing bool        // our module is closing: CLOSE queued, inbound frames dropped
 
-	wake chan struct{} // cap 1: the writer goroutine has work
-	stop chan struct{} // closed when the connection ends
-	done chan struct{} // closed when reader and writer have returned
+	wake  chan struct{} // cap 1: the writer goroutine has work
+	kickc chan struct{} // cap 1: Module.Block was called: the reader waits on the socket now
+	stop  chan struct{} // closed when the connection ends
+	done  chan struct{} // closed when reader and writer have returned
 
 	hb    [maxFrameHeader]byte // header scratch of the write-side owner
 	iov   [][]byte             // iovec scratch of the write-side owner
@@ -97,12 +101,13 @@ func newConn(ep *endpoint, nc *net.TCPConn) (*conn, error) {
 	if err := nc.SetNoDelay(true); err != nil {
 		return nil, fmt.Errorf("TCP_NODELAY: %w", err)
 	}
+	laddr, raddr := nc.LocalAddr().String(), nc.RemoteAddr().String()
 	s, err := newSock(nc, ep.m.sh.cfg.spin)
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{ep: ep, m: ep.m, s: s,
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), wdone: make(chan struct{})}
+	c := &conn{ep: ep, m: ep.m, s: s, laddr: laddr, raddr: raddr,
+		wake: make(chan struct{}, 1), kickc: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), wdone: make(chan struct{})}
 	c.rd = newFrameReader(s, c, ep.m.sh.cfg.maxSend)
 	return c, nil
 }
@@ -248,7 +253,7 @@ func (c *conn) flush() {
 		clear(iov)
 		c.iov = iov[:0]
 		if err == nil && closeOut {
-			c.s.nc.CloseWrite()
+			c.s.shutdownWrite()
 		}
 		if err != nil {
 			err = c.ioFailure(err)
@@ -292,7 +297,7 @@ func (c *conn) fail(err error) {
 	c.q = nil
 	c.mu.Unlock()
 	close(c.stop)
-	c.s.nc.Close()
+	c.s.abort()
 	completeAll(c.m, q, err)
 	c.ep.connDown(c, err)
 }
@@ -358,8 +363,27 @@ func (c *conn) poll() int {
 	return n
 }
 
+// pollLease is how long the reader goroutine leaves its socket to the
+// pollers after it saw Module.Progress called: it then looks again, and
+// waits on the socket itself once nobody has polled for a whole lease (or
+// at once when Module.Block is called).
+const pollLease = 200 * time.Microsecond
+
+// readLoop is the reader goroutine: it reads and dispatches what arrives
+// while nobody polls. While the application calls Module.Progress it does
+// not wait on the socket (so no thread is woken per message; the pollers
+// read): it only comes back every pollLease to see whether they stopped.
 func (c *conn) readLoop() {
 	defer c.m.wg.Done()
+	sh := c.m.sh
+	leasing := canPoll && sh.cfg.poll
+	var lease *time.Timer
+	if leasing {
+		lease = time.NewTimer(pollLease)
+		lease.Stop()
+		defer lease.Stop()
+	}
+	seen := sh.polls.Load()
 	var err error
 	for {
 		c.rmu.Lock()
@@ -372,6 +396,22 @@ func (c *conn) readLoop() {
 		c.rmu.Unlock()
 		if err != nil {
 			break
+		}
+		if leasing {
+			if p := sh.polls.Load(); p != seen {
+				seen = p
+				lease.Reset(pollLease)
+				select {
+				case <-lease.C:
+					continue
+				case <-c.stop: // the socket is shut down: the drain sees its end
+					lease.Stop()
+					continue
+				case <-c.kickc: // Block: wait on the socket now
+					lease.Stop()
+				}
+			}
+			seen = sh.polls.Load()
 		}
 		if werr := c.s.wait(); werr != nil {
 			c.rmu.Lock()
@@ -412,6 +452,7 @@ func (c *conn) readLoop() {
 	}
 	c.fail(err)
 	<-c.wdone
+	c.s.close()
 	close(c.done)
 }
 

@@ -290,6 +290,8 @@ func (e *endpoint) attach(c *conn, from epState) bool {
 	e.mu.Lock()
 	if e.state != from || e.m.closed.Load() {
 		e.mu.Unlock()
+		c.s.abort()
+		c.s.close()
 		return false
 	}
 	e.state = epConnected

@@ -153,6 +153,7 @@ func (m *module) Progress() int {
 	if !canPoll || !m.sh.cfg.poll {
 		return 0
 	}
+	m.sh.polls.Add(1)
 	n := 0
 	for i := range m.eps {
 		if ep := m.eps[i].Load(); ep != nil {
@@ -170,9 +171,20 @@ func (m *module) Progress() int {
 const blockNap = 100 * time.Millisecond
 
 // Block waits until wake is signalled (or closed), the module closes, or
-// blockNap passes. The reader goroutines keep delivering meanwhile, so
-// nothing waits for Progress.
+// blockNap passes. It first tells the reader goroutines of the link to wait
+// on their sockets at once (they leave them to pollers otherwise): they
+// deliver while it sleeps, so nothing waits for Progress.
 func (m *module) Block(wake <-chan struct{}) {
+	for i := range m.eps {
+		if ep := m.eps[i].Load(); ep != nil {
+			if c := ep.cur.Load(); c != nil {
+				select {
+				case c.kickc <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
 	t := time.NewTimer(blockNap)
 	select {
 	case <-wake:

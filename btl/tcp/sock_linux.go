@@ -4,7 +4,7 @@ import (
 	"io"
 	"net"
 	"runtime"
-	"syscall"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -13,172 +13,211 @@ import (
 // iovMax is the most iovecs one writev takes on Linux (IOV_MAX).
 const iovMax = 1024
 
-// sock is the I/O side of one established connection. read is used by
-// whoever holds the connection's read side (conn.rmu): the reader goroutine
-// or a goroutine polling through Module.Progress. wait is used by the
-// reader goroutine only, writev by the goroutine that owns the write side
-// (conn.busy) only. Reads go through RawConn.Control, not RawConn.Read, so
-// that a poller never queues behind the reader goroutine parked in the
-// netpoller. The closures are made once so that the hot paths do not
-// allocate.
-type sock struct {
-	nc   *net.TCPConn
-	rc   syscall.RawConn
-	spin time.Duration // busy-poll budget of wait before it parks in the netpoller
-
-	// read state (conn.rmu)
-	rp     []byte
-	rn     int
-	rerr   error
-	readFn func(fd uintptr)
-
-	// wait state (reader goroutine)
-	spun    bool
-	started time.Time
-	peek    [1]byte
-	waitFn  func(fd uintptr) bool
-
-	// writer state
-	wiov    [][]byte
-	wn      int
-	werr    error
-	wblock  bool
-	writeFn func(fd uintptr) bool
-}
-
 // canPoll: reads never block, so Module.Progress may read the socket.
 const canPoll = true
 
+// sock is the I/O side of one established connection, on a raw
+// non-blocking descriptor that is not registered with Go's netpoller.
+//
+// Why not the netpoller: every socket it knows is in the runtime's epoll
+// set, so each arriving message wakes the thread parked in epoll_wait
+// (there always is one while any goroutine waits for a socket, and a
+// process with an idle P parks one), even when the application goroutine,
+// spinning in a PML wait, reads the message itself through Module.Progress.
+// On a machine with as many busy ranks as cores that wake-up preempts a
+// rank on every message. Here the reader goroutine waits in poll(2) only
+// when it decides to (conn.readLoop), and while the application polls it
+// does not wait on the socket at all.
+//
+// read is used by whoever holds the connection's read side (conn.rmu), wait
+// by the reader goroutine only, writev by the goroutine that owns the write
+// side (conn.busy) only. Every use of the descriptor holds mu for reading;
+// close takes it for writing, so the number is never used after close.
+type sock struct {
+	mu   sync.RWMutex // fd is valid while read-locked and fd >= 0
+	fd   int
+	spin time.Duration  // busy-poll budget of wait before it sleeps in poll(2)
+	peek [1]byte        // wait's MSG_PEEK buffer (reader goroutine)
+	rpfd [1]unix.PollFd // wait's poll set (reader goroutine)
+	wpfd [1]unix.PollFd // writev's poll set (write-side owner)
+}
+
+// newSock takes the socket of nc: it keeps a duplicate of the descriptor
+// (non-blocking, close-on-exec) and closes nc, which takes the original out
+// of the netpoller.
 func newSock(nc *net.TCPConn, spin time.Duration) (*sock, error) {
 	rc, err := nc.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
-	s := &sock{nc: nc, rc: rc, spin: spin}
-	s.readFn = s.doRead
-	s.waitFn = s.doWait
-	s.writeFn = s.doWrite
-	return s, nil
-}
-
-func (s *sock) doRead(fd uintptr) {
-	for {
-		n, err := unix.Read(int(fd), s.rp)
-		switch err {
-		case nil:
-			s.rn = n
-			if n == 0 {
-				s.rerr = io.EOF
-			}
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			s.rerr = errWouldBlock
-		default:
-			s.rerr = err
-		}
-		return
+	fd, derr := -1, error(nil)
+	if err := rc.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
 	}
+	if derr != nil {
+		return nil, derr
+	}
+	nc.Close()
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &sock{fd: fd, spin: spin}, nil
 }
 
 // read reads what the socket has, at most len(p) > 0 bytes, without
 // blocking: errWouldBlock when it has nothing, io.EOF when the peer closed
-// its side.
+// its side, net.ErrClosed after close.
 func (s *sock) read(p []byte) (int, error) {
-	s.rp, s.rn, s.rerr = p, 0, nil
-	err := s.rc.Control(s.readFn)
-	s.rp = nil
-	if err == nil {
-		err = s.rerr
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.fd < 0 {
+		return 0, net.ErrClosed
 	}
-	if err != nil {
-		return 0, err
-	}
-	return s.rn, nil
-}
-
-// doWait reports whether the socket has something to read (or an error or
-// EOF to report), retrying for up to s.spin before it lets the runtime
-// park the goroutine until the socket is readable. Spinning can save the
-// sleep and wake-up of an idle CPU per message. Between retries
-// runtime.Gosched lets goroutines that the reader just woke run on this P
-// at once, and sched_yield lets other threads of this CPU run, such as the
-// peer process when it shares the CPU, which must run for the answer to
-// come.
-func (s *sock) doWait(fd uintptr) bool {
 	for {
-		_, _, err := unix.Recvfrom(int(fd), s.peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		n, err := unix.Read(s.fd, p)
 		switch err {
 		case nil:
-			return true // data, or EOF
+			if n == 0 {
+				return 0, io.EOF
+			}
+			return n, nil
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
-		default:
-			return true // the read reports the error
+			return 0, errWouldBlock
 		}
-		if s.spin <= 0 {
-			return false
-		}
-		now := time.Now()
-		if !s.spun {
-			s.spun, s.started = true, now
-		} else if now.Sub(s.started) >= s.spin {
-			return false
-		}
-		runtime.Gosched()
-		unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		return 0, err
 	}
 }
 
-// wait returns when the socket is readable (or at EOF, or failed), parking
-// in the netpoller; it returns an error when the connection was closed or
-// its read deadline passed (how a poller that found the end of the stream
-// wakes the reader goroutine).
-func (s *sock) wait() error {
-	s.spun = false
-	return s.rc.Read(s.waitFn)
-}
-
-// kick makes a wait in progress, or the next one, return an error.
-func (s *sock) kick() { s.nc.SetReadDeadline(time.Unix(1, 0)) }
-
-func (s *sock) doWrite(fd uintptr) bool {
-	for len(s.wiov) > 0 {
-		iov := s.wiov
-		if len(iov) > iovMax {
-			iov = iov[:iovMax]
-		}
-		n, err := unix.Writev(int(fd), iov)
-		if n > 0 {
-			s.wn += n
-			s.wiov = consume(s.wiov, n)
-		}
+// readable reports whether a read would not block (data, EOF or an error
+// to report), without consuming anything.
+func (s *sock) readable() bool {
+	for {
+		_, _, err := unix.Recvfrom(s.fd, s.peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
 		switch err {
-		case nil:
 		case unix.EINTR:
+			continue
 		case unix.EAGAIN:
-			return !s.wblock
-		default:
-			s.werr = err
-			return true
+			return false
+		}
+		return true
+	}
+}
+
+// wait returns when the socket is readable (or at EOF, or failed, or shut
+// down by abort). It first retries for up to s.spin (runtime.Gosched lets
+// goroutines this reader woke run on its P, sched_yield lets the peer run
+// when it shares the CPU), then sleeps in poll(2). An error means the
+// descriptor is closed.
+func (s *sock) wait() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.fd < 0 {
+		return net.ErrClosed
+	}
+	if s.readable() {
+		return nil
+	}
+	if s.spin > 0 {
+		start := time.Now()
+		for time.Since(start) < s.spin {
+			runtime.Gosched()
+			unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			if s.readable() {
+				return nil
+			}
 		}
 	}
-	return true
+	s.rpfd[0] = unix.PollFd{Fd: int32(s.fd), Events: unix.POLLIN}
+	for {
+		_, err := unix.Poll(s.rpfd[:], -1)
+		if err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // writev writes iov (whose slices it advances past what was written). With
-// block it returns when everything is written or the socket failed;
-// without, it stops when the socket buffer is full. It returns the bytes
-// written.
+// block it returns when everything is written or the socket failed,
+// sleeping in poll(2) while the socket buffer is full; without, it stops
+// when the buffer is full. It returns the bytes written.
 func (s *sock) writev(iov [][]byte, block bool) (int, error) {
-	s.wiov, s.wn, s.werr, s.wblock = iov, 0, nil, block
-	err := s.rc.Write(s.writeFn)
-	s.wiov = nil
-	if err == nil {
-		err = s.werr
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.fd < 0 {
+		return 0, net.ErrClosed
 	}
-	return s.wn, err
+	total := 0
+	for len(iov) > 0 {
+		part := iov
+		if len(part) > iovMax {
+			part = part[:iovMax]
+		}
+		n, err := unix.Writev(s.fd, part)
+		if n > 0 {
+			total += n
+			iov = consume(iov, n)
+		}
+		switch err {
+		case nil, unix.EINTR:
+			continue
+		case unix.EAGAIN:
+		default:
+			return total, err
+		}
+		if !block {
+			return total, nil
+		}
+		s.wpfd[0] = unix.PollFd{Fd: int32(s.fd), Events: unix.POLLOUT}
+		if _, err := unix.Poll(s.wpfd[:], -1); err != nil && err != unix.EINTR {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// shutdownWrite sends FIN after the last frame (orderly close).
+func (s *sock) shutdownWrite() {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.fd >= 0 {
+		unix.Shutdown(s.fd, unix.SHUT_WR)
+	}
+}
+
+// abort shuts the connection down in both directions: the peer sees it end,
+// and a wait or blocked writev of ours returns.
+func (s *sock) abort() {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.fd >= 0 {
+		unix.Shutdown(s.fd, unix.SHUT_RDWR)
+	}
+}
+
+// kick makes a wait in progress, or the next one, return: the read side is
+// over (a poller found its end).
+func (s *sock) kick() {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.fd >= 0 {
+		unix.Shutdown(s.fd, unix.SHUT_RD)
+	}
+}
+
+// close releases the descriptor once no call is using it; abort first so
+// that none is blocked. Later calls fail with net.ErrClosed.
+func (s *sock) close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fd < 0 {
+		return nil
+	}
+	err := unix.Close(s.fd)
+	s.fd = -1
+	return err
 }
 
 // consume drops the first n bytes of iov.

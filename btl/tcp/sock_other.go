@@ -28,8 +28,6 @@ func (s *sock) read(p []byte) (int, error) { return s.nc.Read(p) }
 // wait returns at once: read blocks.
 func (s *sock) wait() error { return nil }
 
-func (s *sock) kick() { s.nc.SetReadDeadline(time.Unix(1, 0)) }
-
 func (s *sock) writev(iov [][]byte, block bool) (int, error) {
 	if !block {
 		return 0, nil
@@ -38,3 +36,8 @@ func (s *sock) writev(iov [][]byte, block bool) (int, error) {
 	n, err := bufs.WriteTo(s.nc)
 	return int(n), err
 }
+
+func (s *sock) shutdownWrite() { s.nc.CloseWrite() }
+func (s *sock) abort()         { s.nc.Close() }
+func (s *sock) kick()          { s.nc.SetReadDeadline(time.Unix(1, 0)) }
+func (s *sock) close() error   { return s.nc.Close() }

@@ -209,6 +209,7 @@ type shared struct {
 	wg     sync.WaitGroup // accept loops and incoming handshakes
 	open   atomic.Int32   // modules not closed yet
 	reqs   atomic.Uint64  // Get request ids
+	polls  atomic.Uint64  // Progress calls on any link: readers leave their sockets to pollers while it moves
 
 	mu      sync.Mutex            // guards addrs, hsConns, down
 	addrs   map[int][]string      // peers' published addresses
