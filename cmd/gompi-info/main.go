@@ -39,6 +39,7 @@ func run(args []string, out, errw io.Writer) int {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
+		fmt.Fprintf(errw, "gompi-info: %v\n", err)
 		return 2
 	}
 	var over [][2]string
