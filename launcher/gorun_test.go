@@ -288,23 +288,27 @@ func startGorun(t *testing.T, ctx context.Context, np int, mode ...string) (*exe
 }
 
 func TestSignalsAreForwarded(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	cmd, stderr, pidDir := startGorun(t, ctx, 2, "hang")
-	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
-		t.Fatal(err)
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			cmd, stderr, pidDir := startGorun(t, ctx, 2, "hang")
+			if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			cmd.Wait()
+			if ctx.Err() != nil {
+				t.Fatalf("gorun did not end after %v", sig)
+			}
+			if code := cmd.ProcessState.ExitCode(); code != 128+int(sig) {
+				t.Errorf("exit %d, want %d (128+%d)", code, 128+int(sig), int(sig))
+			}
+			if !regexp.MustCompile(fmt.Sprintf(`(?m)^gorun: rank \d \(pid \d+\) killed by signal %d \(%s\)$`, int(sig), sig)).MatchString(stderr.String()) {
+				t.Errorf("stderr lacks the failure line:\n%s", stderr.String())
+			}
+			assertAllGone(t, pidDir, 2)
+		})
 	}
-	cmd.Wait()
-	if ctx.Err() != nil {
-		t.Fatal("gorun did not end after SIGINT")
-	}
-	if code := cmd.ProcessState.ExitCode(); code != 130 {
-		t.Errorf("exit %d, want 130 (128+SIGINT)", code)
-	}
-	if !regexp.MustCompile(`(?m)^gorun: rank \d \(pid \d+\) killed by signal 2 \(interrupt\)$`).MatchString(stderr.String()) {
-		t.Errorf("stderr lacks the failure line:\n%s", stderr.String())
-	}
-	assertAllGone(t, pidDir, 2)
 }
 
 func TestRanksDieWithGorun(t *testing.T) {

@@ -101,6 +101,16 @@ func newConn(ep *endpoint, nc *net.TCPConn) (*conn, error) {
 	if err := nc.SetNoDelay(true); err != nil {
 		return nil, fmt.Errorf("TCP_NODELAY: %w", err)
 	}
+	if n := ep.m.sh.cfg.sndbuf; n > 0 {
+		if err := nc.SetWriteBuffer(n); err != nil {
+			return nil, fmt.Errorf("SO_SNDBUF: %w", err)
+		}
+	}
+	if n := ep.m.sh.cfg.rcvbuf; n > 0 {
+		if err := nc.SetReadBuffer(n); err != nil {
+			return nil, fmt.Errorf("SO_RCVBUF: %w", err)
+		}
+	}
 	laddr, raddr := nc.LocalAddr().String(), nc.RemoteAddr().String()
 	s, err := newSock(nc, ep.m.sh.cfg.spin)
 	if err != nil {
@@ -376,7 +386,7 @@ const pollLease = 200 * time.Microsecond
 func (c *conn) readLoop() {
 	defer c.m.wg.Done()
 	sh := c.m.sh
-	leasing := canPoll && sh.cfg.poll
+	leasing := canPoll && sh.cfg.lease
 	var lease *time.Timer
 	if leasing {
 		lease = time.NewTimer(pollLease)

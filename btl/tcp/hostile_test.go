@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -175,42 +176,72 @@ func TestHostileFrames(t *testing.T) {
 		}, false, "without a close frame"},
 	}
 	for _, k := range cases {
-		t.Run(k.name, func(t *testing.T) {
-			store, r0, r2, w0, w2, reg, mem := hostileJob(t)
-			nc, v, err := fakePeer(t, store, testSecret)
-			require.NoError(t, err)
-			require.Equal(t, verdictAccept, v)
-			// One good fragment first: the connection works.
-			_, err = nc.Write(encodeFrame(frameHeader{kind: frameSend, tag: 0x41, hdrLen: 2, length: 3}, []byte("hiabc")))
-			require.NoError(t, err)
-			require.Equal(t, []byte("\x01hiabc"), w0.recv(t))
-			_, err = nc.Write(k.frames(valid(reg)))
-			require.NoError(t, err)
-			nc.(*net.TCPConn).CloseWrite()
-
-			f := w0.failure(t)
-			require.Equal(t, 1, f.peer)
-			require.ErrorIs(t, f.err, mpierr.ErrProcFailed)
-			if k.protocol {
-				require.ErrorIs(t, f.err, mpierr.ErrProtocol)
-			} else {
-				require.False(t, errors.Is(f.err, mpierr.ErrProtocol), "%v", f.err)
+		for _, polled := range []bool{false, true} {
+			name := k.name
+			if polled {
+				name += "/polled"
 			}
-			require.ErrorContains(t, f.err, k.log)
-			require.True(t, r0.log.contains(k.log), "logged")
-			// The connection was dropped.
-			dropped(t, nc)
-			require.Equal(t, make([]byte, 64), mem, "hostile frames wrote into registered memory")
-			// Operations towards the failed rank fail; other ranks are unaffected.
-			ep, err := r0.mods[0].AddProc(1)
-			require.NoError(t, err)
-			_, err = ep.Send(0x41, nil, []byte("x"), nil)
-			require.ErrorIs(t, err, mpierr.ErrProcFailed)
-			roundTrip(t, r0, r2, w0, w2)
-			w0.noFailure(t)
-			w2.noFailure(t)
-		})
+			t.Run(name, func(t *testing.T) { hostileFrameCase(t, k.frames, k.protocol, k.log, valid, polled) })
+		}
 	}
+}
+
+// hostileFrameCase sends one good fragment and then frames to rank 0 from
+// a fake rank 1; with polled, a goroutine calls rank 0's Progress all the
+// while (as a PML waiting by spinning does), so the poller rather than
+// the reader goroutine may be the one that meets the bad frame.
+func hostileFrameCase(t *testing.T, frames func(uint64) []byte, protocol bool, log string, valid func(btl.Registration) uint64, polled bool) {
+	store, r0, r2, w0, w2, reg, mem := hostileJob(t)
+	if polled {
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if r0.mods[0].Progress() == 0 {
+					runtime.Gosched()
+				}
+			}
+		}()
+		t.Cleanup(func() { close(stop); <-done })
+	}
+	nc, v, err := fakePeer(t, store, testSecret)
+	require.NoError(t, err)
+	require.Equal(t, verdictAccept, v)
+	// One good fragment first: the connection works.
+	_, err = nc.Write(encodeFrame(frameHeader{kind: frameSend, tag: 0x41, hdrLen: 2, length: 3}, []byte("hiabc")))
+	require.NoError(t, err)
+	require.Equal(t, []byte("\x01hiabc"), w0.recv(t))
+	_, err = nc.Write(frames(valid(reg)))
+	require.NoError(t, err)
+	nc.(*net.TCPConn).CloseWrite()
+
+	f := w0.failure(t)
+	require.Equal(t, 1, f.peer)
+	require.ErrorIs(t, f.err, mpierr.ErrProcFailed)
+	if protocol {
+		require.ErrorIs(t, f.err, mpierr.ErrProtocol)
+	} else {
+		require.False(t, errors.Is(f.err, mpierr.ErrProtocol), "%v", f.err)
+	}
+	require.ErrorContains(t, f.err, log)
+	require.True(t, r0.log.contains(log), "logged")
+	// The connection was dropped.
+	dropped(t, nc)
+	require.Equal(t, make([]byte, 64), mem, "hostile frames wrote into registered memory")
+	// Operations towards the failed rank fail; other ranks are unaffected.
+	ep, err := r0.mods[0].AddProc(1)
+	require.NoError(t, err)
+	_, err = ep.Send(0x41, nil, []byte("x"), nil)
+	require.ErrorIs(t, err, mpierr.ErrProcFailed)
+	roundTrip(t, r0, r2, w0, w2)
+	w0.noFailure(t)
+	w2.noFailure(t)
 }
 
 func decodeID(h []byte) uint64 {

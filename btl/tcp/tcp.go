@@ -65,6 +65,8 @@ const (
 	paramBusyPoll       = "btl_tcp_busy_poll"
 	paramConnectTimeout = "btl_tcp_connect_timeout"
 	paramPoll           = "btl_tcp_poll"
+	paramSndbuf         = "btl_tcp_sndbuf"
+	paramRcvbuf         = "btl_tcp_rcvbuf"
 )
 
 // Ranking data: Open MPI's tcp defaults (latency 100 us, bandwidth 100 Mb/s
@@ -88,6 +90,10 @@ func init() {
 		Help: "how long a tcp reader spins on its socket before it sleeps in the netpoller (0: never spin; always 0 when oversubscribed unless set explicitly). Spinning lost to parking in every measurement on the 2-vCPU reference VM; try it on hosts where waking an idle CPU is slow"})
 	params.Register(params.Def{Name: paramPoll, Kind: params.Bool, Default: "true",
 		Help: "a goroutine waiting in the PML reads the sockets itself (btl.Poller) instead of waiting for a reader goroutine to be woken; false: only the reader goroutines read"})
+	params.Register(params.Def{Name: paramSndbuf, Kind: params.Size, Default: "0",
+		Help: "SO_SNDBUF of every connection (0: the kernel's autotuning, as Open MPI's btl_tcp_sndbuf)"})
+	params.Register(params.Def{Name: paramRcvbuf, Kind: params.Size, Default: "0",
+		Help: "SO_RCVBUF of every connection (0: the kernel's autotuning, as Open MPI's btl_tcp_rcvbuf)"})
 	params.Register(params.Def{Name: paramConnectTimeout, Kind: params.Duration, Default: "30s",
 		Help: "time allowed to look up a peer's address, connect to it and authenticate"})
 	btl.RegisterComponent(component{})
@@ -105,6 +111,8 @@ type config struct {
 	links          int
 	spin           time.Duration
 	poll           bool
+	lease          bool // readers leave their sockets to pollers (not when oversubscribed: waits do not spin there)
+	sndbuf, rcvbuf int
 	connectTimeout time.Duration
 	maxSend        int // largest SEND frame, header included: max(eager_limit, max_send_size)
 }
@@ -119,6 +127,8 @@ func readConfig(env *btl.Env) (config, error) {
 		links:          p.Int(paramLinks),
 		spin:           p.Duration(paramBusyPoll),
 		poll:           p.Bool(paramPoll),
+		sndbuf:         p.Int(paramSndbuf),
+		rcvbuf:         p.Int(paramRcvbuf),
 		connectTimeout: p.Duration(paramConnectTimeout),
 		maxSend:        max(l.EagerLimit, l.MaxSendSize),
 	}
@@ -137,6 +147,7 @@ func readConfig(env *btl.Env) (config, error) {
 	if _, src := p.Value(paramBusyPoll); env.Oversubscribed && src == params.FromDefault {
 		c.spin = 0
 	}
+	c.lease = c.poll && !env.Oversubscribed
 	return c, nil
 }
 
