@@ -394,6 +394,13 @@ func (c *conn) readLoop() {
 		defer lease.Stop()
 	}
 	seen := sh.polls.Load()
+	// pollersBack stops the reader's busy polling (btl_tcp_busy_poll) as
+	// soon as the application polls: two goroutines spinning for the same
+	// socket would only take CPU from the peer.
+	var pollersBack func() bool
+	if leasing {
+		pollersBack = func() bool { return sh.polls.Load() != seen }
+	}
 	var err error
 	for {
 		c.rmu.Lock()
@@ -423,7 +430,11 @@ func (c *conn) readLoop() {
 			}
 			seen = sh.polls.Load()
 		}
-		if werr := c.s.wait(); werr != nil {
+		yielded, werr := c.s.wait(pollersBack)
+		if yielded {
+			continue // the lease path takes it from here
+		}
+		if werr != nil {
 			c.rmu.Lock()
 			if c.rerr == nil { // else a poller found the end and kicked us
 				c.rerr = werr

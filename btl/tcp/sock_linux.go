@@ -109,16 +109,17 @@ func (s *sock) readable() bool {
 // wait returns when the socket is readable (or at EOF, or failed, or shut
 // down by abort). It first retries for up to s.spin (runtime.Gosched lets
 // goroutines this reader woke run on its P, sched_yield lets the peer run
-// when it shares the CPU), then sleeps in poll(2). An error means the
-// descriptor is closed.
-func (s *sock) wait() error {
+// when it shares the CPU), giving up early, without sleeping, and
+// reporting true, as soon as yield returns true; then it sleeps in
+// poll(2). An error means the descriptor is closed.
+func (s *sock) wait(yield func() bool) (bool, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.fd < 0 {
-		return net.ErrClosed
+		return false, net.ErrClosed
 	}
 	if s.readable() {
-		return nil
+		return false, nil
 	}
 	if s.spin > 0 {
 		start := time.Now()
@@ -126,7 +127,10 @@ func (s *sock) wait() error {
 			runtime.Gosched()
 			unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 			if s.readable() {
-				return nil
+				return false, nil
+			}
+			if yield != nil && yield() {
+				return true, nil
 			}
 		}
 	}
@@ -134,7 +138,7 @@ func (s *sock) wait() error {
 	for {
 		_, err := unix.Poll(s.rpfd[:], -1)
 		if err != unix.EINTR {
-			return err
+			return false, err
 		}
 	}
 }

@@ -26,7 +26,7 @@ func newSock(nc *net.TCPConn, _ time.Duration) (*sock, error) { return &sock{nc:
 func (s *sock) read(p []byte) (int, error) { return s.nc.Read(p) }
 
 // wait returns at once: read blocks.
-func (s *sock) wait() error { return nil }
+func (s *sock) wait(func() bool) (bool, error) { return false, nil }
 
 func (s *sock) writev(iov [][]byte, block bool) (int, error) {
 	if !block {
