@@ -1,11 +1,20 @@
 // Command conform is a multi-process conformance program run by the tests
 // under gorun: every size from 0 B to 16 MiB between every pair of ranks,
 // every byte checked, plus ordering of mixed eager/rendezvous messages to
-// an AnyTag receiver, wildcards, probes and a derived datatype. It prints
-// "conform ok" on rank 0 when everything held.
+// an AnyTag receiver, wildcards, probes and derived datatypes (vector,
+// indexed, struct with holes, subarray; see types.go) in both directions
+// between rank 0 and the last rank. It prints "conform ok" on rank 0 when
+// everything held.
+//
+//	conform [wait]
+//
+// With "wait", every rank first takes part in a barrier (so the transports
+// are connected), then rank 0 prints "conform: ready" and reads one line of
+// its standard input before the checks start.
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"os"
@@ -19,6 +28,19 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "conform: init:", err)
 		os.Exit(1)
+	}
+	if len(os.Args) > 1 && os.Args[1] == "wait" {
+		if err := w.Barrier(); err != nil {
+			fmt.Fprintf(os.Stderr, "conform: rank %d: barrier: %v\n", w.Rank(), err)
+			os.Exit(1)
+		}
+		if w.Rank() == 0 {
+			fmt.Println("conform: ready")
+			if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+				fmt.Fprintln(os.Stderr, "conform: reading stdin:", err)
+				os.Exit(1)
+			}
+		}
 	}
 	if err := run(w); err != nil {
 		fmt.Fprintf(os.Stderr, "conform: rank %d: %v\n", w.Rank(), err)
@@ -132,6 +154,15 @@ func run(w *mpi.Comm) error {
 					return fmt.Errorf("column element %d = %v", i, got[i])
 				}
 			}
+		}
+	}
+	// Derived datatypes both ways between rank 0 and the last rank.
+	if last > 0 && (me == 0 || me == last) {
+		if err := runTypes(w, 0, last); err != nil {
+			return fmt.Errorf("datatypes 0->%d: %w", last, err)
+		}
+		if err := runTypes(w, last, 0); err != nil {
+			return fmt.Errorf("datatypes %d->0: %w", last, err)
 		}
 	}
 	// AnySource: everyone sends its rank to rank 0.

@@ -1,0 +1,85 @@
+package tests
+
+import (
+	"context"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestConform runs the conformance program (every size from 0 B to 16 MiB
+// between every pair, byte checks, order of interleaved eager/rendezvous
+// messages to an AnyTag receiver, AnySource, and vector, indexed,
+// struct-with-holes and subarray datatypes both ways) over every transport.
+func TestConform(t *testing.T) {
+	for _, tr := range transports {
+		for _, np := range []string{"2", "3"} {
+			t.Run(tr.name+"/np="+np, func(t *testing.T) {
+				out, code := gorun(t, 120*time.Second, "-np", np, "--oversubscribe", "--timeout", "100s",
+					"--btl", tr.btl, prog("conform"))
+				require.Equal(t, 0, code, out)
+				require.Contains(t, out, "conform ok")
+			})
+		}
+	}
+}
+
+// TestConformForcedProtocols runs the conformance program with every
+// protocol forced, over every transport, and checks with --stats that the
+// forced protocol really carried messages (where the transport offers it:
+// tcp has no get, so rdma_get falls back there).
+func TestConformForcedProtocols(t *testing.T) {
+	for _, tr := range transports {
+		for _, p := range []string{"eager", "rdma_put", "rdma_get", "send_pipeline", "rdma_pipeline"} {
+			t.Run(tr.name+"/"+p, func(t *testing.T) {
+				out, code := gorun(t, 120*time.Second, "-np", "2", "--timeout", "100s", "--btl", tr.btl, "--protocol", p,
+					"--stats", "--tag-output", "--param", "btl_tcp_rdma_pipeline_frag_size=256k", prog("conform"))
+				require.Equal(t, 0, code, out)
+				require.Contains(t, out, "conform ok")
+				if tr.name == "tcp" && p == "rdma_get" {
+					return
+				}
+				// Both ranks sent messages with the protocol.
+				for r := range 2 {
+					require.Regexp(t, `(?m)^\[`+strconv.Itoa(r)+`\]\s+protocol `+p+`\S*\s+[1-9]\d* messages`, out,
+						"rank %d did not use protocol %s", r, p)
+				}
+			})
+		}
+	}
+}
+
+// TestConformEagerLarge raises the eager limit to 4 MiB so that messages of
+// several MiB (plain and derived datatypes) go eagerly. (It sets the
+// parameters with --param: gorun's --eager-limit flag is broken, see
+// pending_gorun_flags_test.go.txt.)
+func TestConformEagerLarge(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			out, code := gorun(t, 120*time.Second, "-np", "2", "--timeout", "100s", "--btl", tr.btl, "--protocol", "eager", "--stats", "--tag-output",
+				"--param", "btl_"+tr.name+"_eager_limit=4m", "--param", "btl_"+tr.name+"_max_send_size=4m",
+				"--param", "btl_sm_segment_size=256m", prog("conform"))
+			require.Equal(t, 0, code, out)
+			require.Contains(t, out, "conform ok")
+			big := false
+			for _, u := range regexp.MustCompile(`(?m)^\[\d+\]\s+protocol eager\S*\s+(\d+) messages (\d+) B`).FindAllStringSubmatch(out, -1) {
+				n, _ := strconv.Atoi(u[1])
+				b, _ := strconv.Atoi(u[2])
+				big = big || b/n >= 1<<20
+			}
+			require.True(t, big, "no eager traffic of MiB-sized messages:\n%s", out)
+		})
+	}
+}
+
+func TestSingleton(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, prog("conform")).CombinedOutput()
+	require.NoError(t, err, string(out))
+	require.Contains(t, string(out), "conform ok")
+}
