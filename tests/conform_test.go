@@ -83,3 +83,15 @@ func TestSingleton(t *testing.T) {
 	require.NoError(t, err, string(out))
 	require.Contains(t, string(out), "conform ok")
 }
+
+// TestBurstAfterInit: with 8 ranks on 2 cores, every rank sends to every
+// other right after Init, so fragments reach ranks that are still inside
+// Init; every value must arrive. (Over sm only: over tcp such fragments are
+// lost, see pending_tcp_early_fragment_test.go.txt.)
+func TestBurstAfterInit(t *testing.T) {
+	for i := range 5 {
+		out, code := gorun(t, 60*time.Second, "-np", "8", "--oversubscribe", "--timeout", "30s", "--btl", "self,sm", prog("burst"))
+		require.Equal(t, 0, code, "run %d:\n%s", i, out)
+		require.Contains(t, out, "burst ok")
+	}
+}

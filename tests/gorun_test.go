@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	bin = dir
-	for _, p := range []string{"../cmd/gorun", "./progs/conform", "./progs/failer", "./progs/idlecpu",
+	for _, p := range []string{"../cmd/gorun", "./progs/conform", "./progs/failer", "./progs/idlecpu", "./progs/burst",
 		"../examples/ring", "../examples/pingpong", "../examples/halo"} {
 		out, err := exec.Command("go", "build", "-o", dir+"/", p).CombinedOutput()
 		if err != nil {
