@@ -335,13 +335,21 @@ func (c *conn) closeOrderly() {
 }
 
 // drain handles the frames that can be read without blocking; rmu is held.
-// It returns how many it handled and, if the read side ended, why.
+// It returns how many it handled and, if the read side ended, why. It stops
+// when the socket is empty, or when it has handled frames and nothing
+// read is left unparsed: the read that would find the socket empty is
+// saved (the caller looks at the socket again anyway: a poller on its next
+// call, the reader goroutine before it sleeps), which shortens the path of
+// a message to the waiter that polls for it.
 func (c *conn) drain() (int, error) {
 	n := 0
 	for {
 		switch err := c.rd.next(); err {
 		case nil:
 			n++
+			if c.rd.idle() {
+				return n, nil
+			}
 		case errWouldBlock:
 			return n, nil
 		default:

@@ -143,6 +143,10 @@ func (fr *frameReader) fill() error {
 	return nil
 }
 
+// idle reports whether everything read so far is parsed and handled (the
+// reader is at a frame boundary with an empty buffer).
+func (fr *frameReader) idle() bool { return !fr.filling && fr.r == fr.w }
+
 // next parses and handles one frame. It returns errWouldBlock when the
 // source ran dry first (call again to resume), errPeerClosed after a CLOSE
 // frame, a *protoError for a protocol violation, or the source's error
