@@ -3,6 +3,7 @@ package mpi
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -103,7 +104,15 @@ func Init(opts ...Option) (*Comm, error) {
 		}
 		mods, err := comp.Open(env)
 		if err != nil {
+			if errors.Is(err, mpierr.ErrArg) {
+				// A bad parameter value is the user's mistake: say so
+				// instead of running without the transport.
+				in.close(err)
+				closeClient(client)
+				return nil, fmt.Errorf("transport %s: %w", comp.Name(), err)
+			}
 			logf("transport %s not used: %v", comp.Name(), err)
+			in.unused = append(in.unused, fmt.Sprintf("%s: %v", comp.Name(), err))
 			continue
 		}
 		for _, m := range mods {

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -91,6 +92,7 @@ type instance struct {
 	abort      func(code int, err error) // ends the whole job
 	closed     atomic.Bool
 	logf       func(string, ...any)
+	unused     []string // transports that could not be opened, and why
 }
 
 func newOptions(opts []Option) *options {
@@ -220,7 +222,14 @@ func (in *instance) connect() error {
 			for _, m := range in.modules {
 				names = append(names, m.Name())
 			}
-			return mpierr.Errorf(mpierr.ErrProcFailed, "rank %d: no transport reaches rank %d (transports in use: %v; btl=%q)", in.rank, p, names, in.params.String("btl"))
+			why := ""
+			if len(reasons) > 0 {
+				why = "; " + strings.Join(reasons, "; ")
+			}
+			if len(in.unused) > 0 {
+				why += "; not usable here: " + strings.Join(in.unused, "; ")
+			}
+			return mpierr.Errorf(mpierr.ErrProcFailed, "rank %d: no transport reaches rank %d (transports in use: %v; btl=%q%s)", in.rank, p, names, in.params.String("btl"), why)
 		}
 	}
 	for _, m := range in.modules {

@@ -63,7 +63,7 @@ type Engine struct {
 	mu       sync.Mutex
 	rank     int
 	size     int
-	peers    []*peer
+	peers    []atomic.Pointer[peer] // by world rank; replaced only under mu
 	comms    map[uint32]*Comm
 	parked   []*frag // matching fragments of communicators not created yet
 	reqs     map[uint64]*Request
@@ -104,7 +104,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		rank: cfg.Rank, size: cfg.Size,
-		peers:       make([]*peer, cfg.Size),
+		peers:       make([]atomic.Pointer[peer], cfg.Size),
 		comms:       map[uint32]*Comm{},
 		reqs:        map[uint64]*Request{},
 		nextID:      1,
@@ -148,13 +148,47 @@ func (e *Engine) SetPeer(r int, eps []btl.Endpoint) error {
 		return fmt.Errorf("no transport reaches rank %d: %w", r, btl.ErrUnreachable)
 	}
 	m := best.Module()
-	e.peers[r] = &peer{world: r, ep: best, caps: m.Caps(), lim: m.Limits()}
+	np := &peer{world: r, ep: best, caps: m.Caps(), lim: m.Limits()}
+	e.mu.Lock()
+	if old := e.peers[r].Load(); old != nil {
+		np.failed = old.failed // a failure noticed before: it stands
+	}
+	e.peers[r].Store(np)
+	e.mu.Unlock()
 	return nil
+}
+
+// peerOf returns the peer of a fragment that came in on ep. A transport
+// may deliver before SetPeer ran for its sender (it starts receiving once
+// its address is published, while the other ranks' endpoints are still
+// being chosen): the peer is then set up provisionally from ep, and
+// SetPeer later picks the best endpoint for sending.
+func (e *Engine) peerOf(ep btl.Endpoint) *peer {
+	r := ep.Peer()
+	if r < 0 || r >= e.size {
+		return nil
+	}
+	if p := e.peers[r].Load(); p != nil && p.ep != nil {
+		return p
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	p := e.peers[r].Load()
+	if p == nil || p.ep == nil {
+		m := ep.Module()
+		np := &peer{world: r, ep: ep, caps: m.Caps(), lim: m.Limits()}
+		if p != nil {
+			np.failed = p.failed
+		}
+		e.peers[r].Store(np)
+		p = np
+	}
+	return p
 }
 
 // PeerTransport names the transport chosen for world rank r ("" if none).
 func (e *Engine) PeerTransport(r int) string {
-	if p := e.peers[r]; p != nil {
+	if p := e.peers[r].Load(); p != nil && p.ep != nil {
 		return p.ep.Module().Name()
 	}
 	return ""
@@ -233,10 +267,10 @@ func (e *Engine) PeerFailed(r int, err error) {
 		return
 	}
 	e.mu.Lock()
-	p := e.peers[r]
+	p := e.peers[r].Load()
 	if p == nil {
 		p = &peer{world: r}
-		e.peers[r] = p
+		e.peers[r].Store(p)
 	}
 	if p.failed != nil {
 		e.mu.Unlock()

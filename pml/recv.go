@@ -54,7 +54,7 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 		return
 	}
 	f.data = data
-	f.peer = e.peers[ep.Peer()]
+	f.peer = e.peerOf(ep)
 	if f.peer == nil {
 		e.protocolError(ep, "fragment from a rank without a transport")
 		return
@@ -170,7 +170,7 @@ func (e *Engine) deliver(r *Request, f *frag) {
 	}
 	r.srcReq = f.srcReq
 	r.flags = f.m.Flags
-	if err := f.peer.failed; err != nil {
+	if err := e.peers[f.peer.world].Load().failed; err != nil {
 		// The sender died after its RNDV/RGET arrived: the rest never will.
 		r.mpiDone = true
 		r.complete(Status{Source: r.status.Source, Tag: r.status.Tag}, err)
@@ -266,7 +266,7 @@ func (e *Engine) sendAck(r *Request, off, size int, flags uint8) {
 
 // startRecv runs the receiver's side of a matched RNDV or RGET (notes A.5).
 func (e *Engine) startRecv(r *Request) {
-	p := e.peers[r.peerWorld]
+	p := e.peers[r.peerWorld].Load()
 	contig := r.buf.Conv == nil && r.stored == r.msgLen
 	if r.flags&0x80 != 0 { // RGET
 		if !contig || p.caps&btl.CapGet == 0 || e.force == ForceSendPipeline {
@@ -532,7 +532,7 @@ func (c *Comm) postRecv(r *Request, buf Buffer, src, tag int, kind reqKind) erro
 		return err
 	}
 	if src != AnySource {
-		if p := e.peers[c.group[src]]; p != nil && p.failed != nil {
+		if p := e.peers[c.group[src]].Load(); p != nil && p.failed != nil {
 			e.mu.Unlock()
 			return p.failed
 		}

@@ -38,7 +38,7 @@ func (c *Comm) Send(buf Buffer, dest, tag int, mode Mode) error {
 
 func (c *Comm) target(dest int) (*peer, error) {
 	e := c.e
-	p := e.peers[c.group[dest]]
+	p := e.peers[c.group[dest]].Load()
 	if p == nil || p.ep == nil {
 		return nil, mpierr.Errorf(mpierr.ErrProcFailed, "no transport reaches rank %d", dest)
 	}
@@ -408,7 +408,7 @@ func (e *Engine) schedSend(r *Request) {
 }
 
 func (e *Engine) sendFrags(r *Request) {
-	p := e.peers[r.peerWorld]
+	p := e.peers[r.peerWorld].Load()
 	maxData := max(1, p.lim.MaxSendSize-hdr.FragLen)
 	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
 	defer hdrPool.Put(hb)
