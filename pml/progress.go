@@ -1,9 +1,9 @@
 package pml
 
 import (
-	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gompi-org/gompi/btl"
 )
@@ -16,14 +16,36 @@ type pollers struct {
 	list []*polled
 	stop chan struct{}
 	wg   sync.WaitGroup
+	// spinners counts goroutines in spinWait polling the transports: the
+	// background goroutine naps while there are any.
+	spinners atomic.Int32
 }
+
+// bgNap is how long the background goroutine sleeps, without telling the
+// transports, while a waiter polls for it. A waiter that gives up
+// spinning blocks in the transport itself, so the nap only delays
+// asynchronous progress after a wait, by at most bgNap.
+const bgNap = time.Millisecond
 
 type polled struct {
-	p  btl.Poller
-	mu sync.Mutex // one Progress call at a time: FIFOs have a single consumer
+	p          btl.Poller
+	concurrent bool       // p serializes its own Progress calls: mu is not used
+	mu         sync.Mutex // one Progress call at a time: FIFOs have a single consumer
 }
 
-func (ps *pollers) add(p btl.Poller) { ps.list = append(ps.list, &polled{p: p}) }
+// ConcurrentPoller is implemented by transports whose Progress may be
+// called from several goroutines at once (it serializes itself, e.g. by
+// returning 0 when another call is in flight). The PML then calls it
+// without a lock of its own, which saves two atomic operations per poll.
+type ConcurrentPoller interface {
+	btl.Poller
+	ConcurrentProgress() bool
+}
+
+func (ps *pollers) add(p btl.Poller) {
+	c, ok := p.(ConcurrentPoller)
+	ps.list = append(ps.list, &polled{p: p, concurrent: ok && c.ConcurrentProgress()})
+}
 
 func (ps *pollers) active() bool { return len(ps.list) > 0 }
 
@@ -31,7 +53,9 @@ func (ps *pollers) active() bool { return len(ps.list) > 0 }
 func (ps *pollers) progress() int {
 	n := 0
 	for _, p := range ps.list {
-		if p.mu.TryLock() {
+		if p.concurrent {
+			n += p.p.Progress()
+		} else if p.mu.TryLock() {
 			n += p.p.Progress()
 			p.mu.Unlock()
 		}
@@ -53,7 +77,11 @@ func (ps *pollers) block(wake <-chan struct{}, done <-chan struct{}) {
 	ps.progress()
 }
 
-// start runs the background progress goroutine.
+// start runs the background progress goroutine. It polls while it finds
+// work and otherwise sleeps in the first transport's Block. While a
+// waiter spins (and polls), it naps instead: two goroutines polling one
+// transport only contend for its poll lock, and on a machine with as many
+// ranks as cores the second one takes a core from the peer.
 func (ps *pollers) start() {
 	if !ps.active() {
 		return
@@ -62,6 +90,8 @@ func (ps *pollers) start() {
 	ps.wg.Add(1)
 	go func() {
 		defer ps.wg.Done()
+		t := time.NewTimer(bgNap)
+		defer t.Stop()
 		idle := 0
 		for {
 			select {
@@ -69,13 +99,21 @@ func (ps *pollers) start() {
 				return
 			default:
 			}
+			if ps.spinners.Load() > 0 {
+				t.Reset(bgNap)
+				select {
+				case <-ps.stop:
+					return
+				case <-t.C:
+				}
+				idle = 0
+				continue
+			}
 			if ps.progress() > 0 {
 				idle = 0
 				continue
 			}
-			idle++
-			if idle < 64 {
-				runtime.Gosched()
+			if idle++; idle < 4 {
 				continue
 			}
 			ps.list[0].p.Block(ps.stop)
@@ -91,5 +129,3 @@ func (ps *pollers) close() {
 		ps.stop = nil
 	}
 }
-
-var _ = atomic.Int32{}

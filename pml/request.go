@@ -226,15 +226,34 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 }
 
 // spinWait checks cond while spinning for the configured time; true if it
-// held. It yields the processor every 256 checks (so a rank that must run
-// for cond to hold gets a turn even with more ranks than processors) and
-// reads the clock only then.
+// held. With polled transports it polls them between checks and counts
+// itself in pollers.spinners while it does, so the background poller
+// stays asleep instead of competing for the transport and the processor.
+//
+// It reads the clock every 256 checks and yields the processor rarely:
+// runtime.Gosched wakes an idle P's thread (wakep) and may migrate the
+// goroutine, which on a machine with as many ranks as cores takes a core
+// away from the peer this rank is waiting for. Without polled transports
+// (in-process ranks, whose progress needs another goroutine of this
+// process) it yields every 256 checks; with them every 4096, which is
+// enough for a goroutine of this process that must run (the spin is
+// bounded anyway, and the scheduler preempts after 10 ms).
 func (e *Engine) spinWait(cond func() bool) bool {
 	if e.spin <= 0 {
 		e.poll.progress()
 		return cond()
 	}
 	polled := e.poll.active()
+	yieldMask := 255
+	if polled {
+		yieldMask = 4095
+	}
+	counted := false // in spinners: only once the wait is not over at once
+	defer func() {
+		if counted {
+			e.poll.spinners.Add(-1)
+		}
+	}()
 	var start time.Time
 	for i := 1; ; i++ {
 		if polled {
@@ -246,19 +265,32 @@ func (e *Engine) spinWait(cond func() bool) bool {
 		if i&255 == 0 {
 			if start.IsZero() {
 				start = time.Now()
+				if polled {
+					e.poll.spinners.Add(1)
+					counted = true
+				}
 			} else if time.Since(start) > e.spin {
 				return false
 			}
-			runtime.Gosched()
+			if i&yieldMask == 0 {
+				runtime.Gosched()
+			}
 		}
 	}
 }
 
 // reset clears every field for reuse from the pool.
 func (r *Request) reset() {
-	r.done.Store(0)
-	r.w.Store(nil)
-	r.sched.Store(0)
+	// Atomic stores are locked instructions: skip those that change nothing.
+	if r.done.Load() != 0 {
+		r.done.Store(0)
+	}
+	if r.w.Load() != nil {
+		r.w.Store(nil)
+	}
+	if r.sched.Load() != 0 {
+		r.sched.Store(0)
+	}
 	r.kind, r.status, r.err = 0, Status{}, nil
 	r.comm, r.peer, r.tag, r.buf, r.mode, r.proto, r.id, r.release = nil, 0, 0, Buffer{}, 0, 0, 0, nil
 	r.postSeq, r.next, r.prev, r.list, r.frag = 0, nil, nil, nil, nil

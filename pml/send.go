@@ -132,12 +132,12 @@ func (c *Comm) startSend(r *Request, buf Buffer, dest, tag int, mode Mode, relea
 		if proto == EagerImmediate {
 			n := m.Encode(hb[:])
 			var data []byte
-			var tmp [ImmediateMax]byte
 			if contig {
 				data = buf.Bytes
-			} else {
+			} else { // (a local array here would escape: one allocation per Isend)
+				tmp := make([]byte, size)
 				buf.Conv.SetPosition(0)
-				data = tmp[:buf.Conv.Pack(tmp[:size])]
+				data = tmp[:buf.Conv.Pack(tmp)]
 			}
 			if p.ep.SendImmediate(btl.Tag(hdr.TypeMatch), hb[:n], data) == nil {
 				e.finishSend(r, nil)

@@ -382,3 +382,8 @@ func (m *Module) wakeHelper(wake <-chan struct{}, stop <-chan struct{}, woken *a
 	case <-stop:
 	}
 }
+
+// ConcurrentProgress reports that Progress may be called from several
+// goroutines at once (one polls, the others return 0): the PML needs no
+// lock of its own around it.
+func (m *Module) ConcurrentProgress() bool { return true }

@@ -8,7 +8,9 @@
 // Modes: latency (half round trip of blocking Send/Recv, median over
 // batches of the batch average), bw (a window of Isend + Waitall answered
 // by a 4-byte ack), bibw (both directions at once), rate (messages per
-// second with a window of small messages). 1 MB = 1e6 bytes. Rank 0 prints.
+// second with a window of small messages), idle (CPU used by rank 0 while
+// it is blocked in Recv and rank 1 sleeps --idle-time before sending).
+// 1 MB = 1e6 bytes. Rank 0 prints.
 package main
 
 import (
@@ -18,6 +20,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gompi-org/gompi/internal/params"
@@ -38,6 +41,7 @@ type config struct {
 	batches    int
 	window     int
 	csv        bool
+	idle       time.Duration
 	plot       string
 	overlay    string
 	label      string
@@ -63,9 +67,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	plot := fs.String("plot", "", "draw value against size into this SVG file")
 	overlay := fs.String("plot-overlay", "", "CSV (size,value) of another run to draw on the same plot, e.g. Open MPI's")
 	label := fs.String("plot-label", "other", "legend of the overlay curve")
+	idle := fs.Duration("idle-time", 2*time.Second, "idle mode: how long rank 1 sleeps before it sends")
 	inproc := fs.Bool("inprocess", false, "run two goroutine ranks over the self transport instead of under gorun")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: gompi-bench latency|bw|bibw|rate [flags]   (under gorun -np 2, or with --inprocess)")
+		fmt.Fprintln(stderr, "usage: gompi-bench latency|bw|bibw|rate|idle [flags]   (under gorun -np 2, or with --inprocess)")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -79,11 +84,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := config{mode: fs.Arg(0), iterations: *iters, warmup: *warmup, batches: max(1, *batches), window: max(1, *window),
-		csv: *csv, plot: *plot, overlay: *overlay, label: *label, out: stdout}
+		csv: *csv, idle: *idle, plot: *plot, overlay: *overlay, label: *label, out: stdout}
 	switch cfg.mode {
-	case "latency", "bw", "bibw", "rate":
+	case "latency", "bw", "bibw", "rate", "idle":
 	default:
-		fmt.Fprintf(stderr, "gompi-bench: unknown mode %q (want latency, bw, bibw or rate)\n", cfg.mode)
+		fmt.Fprintf(stderr, "gompi-bench: unknown mode %q (want latency, bw, bibw, rate or idle)\n", cfg.mode)
 		return 2
 	}
 	for _, s := range strings.Split(*sizes, ",") {
@@ -129,6 +134,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 func bench(w *mpi.Comm, cfg *config) error {
 	if w.Size() < 2 {
 		return errors.New("needs 2 ranks: run it under gorun -np 2, or with --inprocess")
+	}
+	if cfg.mode == "idle" {
+		return idleCPU(w, cfg)
 	}
 	rank := w.Rank()
 	unit := map[string]string{"latency": "latency_us", "bw": "bw_MBps", "bibw": "bibw_MBps", "rate": "msgs_per_s"}[cfg.mode]
@@ -316,4 +324,43 @@ func bibwBatch(w *mpi.Comm, sbuf, rbuf []byte, window, loops int) (time.Duration
 		}
 	}
 	return time.Since(start), nil
+}
+
+// idleCPU: rank 1 sleeps cfg.idle and then sends 8 bytes; rank 0 is blocked
+// in Recv meanwhile and reports the processor time its process used
+// (user + system, all threads, from getrusage) against the wall time.
+func idleCPU(w *mpi.Comm, cfg *config) error {
+	if err := peerBarrier(w); err != nil {
+		return err
+	}
+	buf := make([]byte, 8)
+	switch w.Rank() {
+	case 0:
+		c0, t0 := cpuTime(), time.Now()
+		if _, err := w.Recv(buf, 1, tagData); err != nil {
+			return err
+		}
+		c, t := cpuTime()-c0, time.Since(t0)
+		pct := 100 * c.Seconds() / t.Seconds()
+		if cfg.csv {
+			fmt.Fprintf(cfg.out, "wall_s,cpu_s,cpu_percent\n%.3f,%.4f,%.2f\n", t.Seconds(), c.Seconds(), pct)
+		} else {
+			fmt.Fprintf(cfg.out, "# gompi-bench idle: rank 0 blocked in Recv for %.3f s used %.1f ms of CPU (%.2f%% of a core)\n",
+				t.Seconds(), float64(c.Microseconds())/1000, pct)
+		}
+	case 1:
+		time.Sleep(cfg.idle)
+		if err := w.Send(buf, 0, tagData); err != nil {
+			return err
+		}
+	}
+	return w.Barrier()
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -1,0 +1,110 @@
+#!/bin/bash
+# sm-vs-ompi.sh - gompi's shared-memory transport (btl self,sm) against Open
+# MPI's vader (btl self,vader) on this machine, side by side in one session:
+# ROUNDS rounds, each running Open MPI's anchor harness (shared/anchor/
+# pingpong.c: latency, bw, bibw), bench/ompi-rate.c (message rate, the
+# definition of gompi-bench rate) and gompi-bench latency, bw, bibw and rate
+# under gorun, back to back. Prints, per
+# size, the median over rounds of each library's figure (each run's figure
+# is itself the median of 21 batches) and the ratio gompi/Open MPI, plus
+# the best round and the spread ((max-min)/median).
+#
+# At the end it runs gompi-bench idle once (CPU used by a rank blocked in
+# Recv for 2 s).
+#
+# Usage: bench/sm-vs-ompi.sh [ROUNDS] [OUTDIR]   (defaults: 5, a new temporary folder)
+#   GOMPI_ARGS="--param pml_wait_spin=1ms" bench/sm-vs-ompi.sh   extra gorun flags
+#   MODES="latency bw" bench/sm-vs-ompi.sh                       a subset of latency bw bibw rate
+#
+# Needs: apt-get install -y openmpi-bin libopenmpi-dev; Go. Run from the repository root.
+set -euo pipefail
+
+ROUNDS=${1:-5}
+BIN=$(mktemp -d)
+OUT=${2:-$BIN/results}
+ANCHOR=${ANCHOR:-/work/shared/anchor}
+MODES=${MODES:-"latency bw bibw rate"}
+RATE_SIZES=${RATE_SIZES:-"8 512 4096"}
+GOMPI_ARGS=${GOMPI_ARGS:-}
+mkdir -p "$OUT"
+
+mpicc.openmpi -O2 -Wall -o "$BIN/pingpong.ompi" "$ANCHOR/pingpong.c"
+mpicc.openmpi -O2 -Wall -o "$BIN/ompi-rate" bench/ompi-rate.c
+gcc -O2 -Wall -o "$BIN/c2c" "$ANCHOR/c2c.c"
+go build -o "$BIN/gorun" ./cmd/gorun
+go build -o "$BIN/gompi-bench" ./cmd/gompi-bench
+
+OMPI="mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 --mca btl self,vader"
+PPARGS=""
+case " $MODES " in *" bibw "*) ;; *) PPARGS="-nobibw" ;; esac
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $ROUNDS rounds, results in $OUT" >&2
+echo "# ompi:  $OMPI $BIN/pingpong.ompi $PPARGS; $OMPI $BIN/ompi-rate $RATE_SIZES" >&2
+echo "# gompi: $BIN/gorun -np 2 --btl self,sm $GOMPI_ARGS $BIN/gompi-bench MODE --csv  (rate: --sizes ${RATE_SIZES// /,})" >&2
+
+for r in $(seq 1 "$ROUNDS"); do
+  probe=$(timeout 30 "$BIN/c2c" || echo "?")
+  echo ">> round $r/$ROUNDS (c2c probe $probe ns)" >&2
+  echo "$r $probe" >> "$OUT/probes.txt"
+  # Open MPI: one run gives latency, bw and bibw columns.
+  timeout 600 $OMPI "$BIN/pingpong.ompi" $PPARGS > "$OUT/ompi.$r.txt" 2> "$OUT/ompi.$r.err" || echo "!! ompi round $r failed" >&2
+  case " $MODES " in *" rate "*)
+    timeout 600 $OMPI "$BIN/ompi-rate" $RATE_SIZES > "$OUT/ompi-rate.$r.csv" 2>> "$OUT/ompi.$r.err" || echo "!! ompi rate round $r failed" >&2 ;;
+  esac
+  for m in $MODES; do
+    extra=""
+    [ "$m" = rate ] && extra="--sizes ${RATE_SIZES// /,}"
+    timeout 600 "$BIN/gorun" -np 2 --btl self,sm $GOMPI_ARGS "$BIN/gompi-bench" "$m" --csv $extra \
+      > "$OUT/gompi-$m.$r.csv" 2> "$OUT/gompi-$m.$r.err" || echo "!! gompi $m round $r failed" >&2
+  done
+done
+
+# Normalise to "mode size value" lines per round.
+for r in $(seq 1 "$ROUNDS"); do
+  awk -v r="$r" '/^#/ || $1 == "size" { next }
+    { print "latency", $1, $2, r; if ($3 != "-") print "bw", $1, $3, r; if ($4 != "-" && $4 != "") print "bibw", $1, $4, r }' \
+    "$OUT/ompi.$r.txt" >> "$OUT/ompi.all"
+  [ -f "$OUT/ompi-rate.$r.csv" ] && awk -F, -v r="$r" 'NR > 1 { print "rate", $1, $2, r }' "$OUT/ompi-rate.$r.csv" >> "$OUT/ompi.all"
+  for m in $MODES; do
+    awk -F, -v m="$m" -v r="$r" 'NR > 1 { print m, $1, $2, r }' "$OUT/gompi-$m.$r.csv" >> "$OUT/gompi.all"
+  done
+done
+
+echo "c2c probes (ns) per round: $(awk '{printf "%s ", $2}' "$OUT/probes.txt")"
+for m in $MODES; do
+  unit=us; better=lower
+  [ "$m" != latency ] && unit=MB/s && better=higher
+  [ "$m" = rate ] && unit=msgs/s
+  echo
+  echo "### $m ($unit, $better is better; median over $ROUNDS rounds, best round, spread)"
+  echo
+  echo "| size (B) | gompi median | gompi best | gompi spread | Open MPI median | Open MPI best | Open MPI spread | gompi/OMPI (medians) |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+  awk -v m="$m" -v better="$better" '
+    FILENAME ~ /gompi/ && $1 == m { g[$2] = g[$2] " " $3; sz[$2] = 1 }
+    FILENAME ~ /ompi.all/ && FILENAME !~ /gompi/ && $1 == m { o[$2] = o[$2] " " $3; sz[$2] = 1 }
+    function stats(s, out,   a, n, i, j, t) {
+      n = split(s, a, " ")
+      for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j+1] = a[j]; a[j+1] = t }
+      out["n"] = n; if (n == 0) return
+      out["med"] = (n % 2) ? a[(n + 1) / 2] : (a[n/2] + a[n/2 + 1]) / 2
+      out["best"] = (better == "lower") ? a[1] : a[n]
+      out["spread"] = out["med"] > 0 ? 100 * (a[n] - a[1]) / out["med"] : 0
+    }
+    END {
+      ns = 0; for (s in sz) list[++ns] = s + 0
+      for (i = 2; i <= ns; i++) { t = list[i]; for (j = i - 1; j >= 1 && list[j] > t; j--) list[j+1] = list[j]; list[j+1] = t }
+      for (i = 1; i <= ns; i++) {
+        s = list[i]; delete G; delete O
+        stats(g[s], G); stats(o[s], O)
+        gm = G["n"] ? sprintf("%.2f | %.2f | %.0f%%", G["med"], G["best"], G["spread"]) : "- | - | -"
+        om = O["n"] ? sprintf("%.2f | %.2f | %.0f%%", O["med"], O["best"], O["spread"]) : "- | - | -"
+        ratio = (G["n"] && O["n"] && O["med"] > 0) ? sprintf("%.2f", G["med"] / O["med"]) : "-"
+        printf "| %d | %s | %s | %s |\n", s, gm, om, ratio
+      }
+    }' "$OUT/gompi.all" "$OUT/ompi.all"
+done
+
+echo
+echo "### idle: CPU of rank 0 blocked in Recv while rank 1 sleeps 2 s"
+echo
+timeout 60 "$BIN/gorun" -np 2 --btl self,sm $GOMPI_ARGS "$BIN/gompi-bench" idle 2>&1 | tail -1

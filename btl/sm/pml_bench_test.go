@@ -1,0 +1,124 @@
+package sm
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/btl/btltest"
+	"github.com/gompi-org/gompi/pml"
+)
+
+// pmlPair joins two sm modules of this process with two PML engines (no
+// background pollers): whoever waits polls the transport itself.
+func pmlPair(b *testing.B, overrides ...[2]string) (c0, c1 *pml.Comm) {
+	ranks := openJob(b, btltest.NewStore(), 2, overrides...)
+	var comms [2]*pml.Comm
+	for i, r := range ranks {
+		e, err := pml.New(pml.Config{Rank: i, Size: 2, Params: r.env.Params, Dispatch: r.env.Dispatch})
+		require.NoError(b, err)
+		ep, err := r.m.AddProc(1 - i)
+		require.NoError(b, err)
+		require.NoError(b, e.SetPeer(1-i, []btl.Endpoint{ep}))
+		e.AddPoller(r.m)
+		comms[i], err = e.NewComm(0, i, []int{0, 1})
+		require.NoError(b, err)
+		b.Cleanup(func() { e.Close(nil) })
+	}
+	return comms[0], comms[1]
+}
+
+// BenchmarkPMLRoundTrip runs the code of a ping-pong round trip through
+// the PML and sm on one goroutine: Send, then the peer's Recv (which polls
+// the fragment in), its Send back and the Recv. No waiting is involved, so
+// this is the processor work of two messages, without the cache-line
+// transfers between cores (us/one-way is half of it).
+func BenchmarkPMLRoundTrip(b *testing.B) {
+	for _, size := range []int{0, 8, 512, 4096, 64 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("size=%s", sizeName(size)), func(b *testing.B) {
+			c0, c1 := pmlPair(b, [2]string{"pml_wait_spin", "1s"})
+			buf0, buf1 := pml.Buffer{Bytes: make([]byte, size)}, pml.Buffer{Bytes: make([]byte, size)}
+			round := func() {
+				if size > 4000 { // rendezvous: sender and receiver each wait in turn
+					one := func(a, z *pml.Comm, ba, bz pml.Buffer) {
+						s, err := a.Isend(ba, z.Rank(), 1, pml.Standard, nil)
+						must(b, err)
+						r, err := z.Irecv(bz, a.Rank(), 1)
+						must(b, err)
+						must(b, z.Engine().Wait(nil, r))
+						must(b, a.Engine().Wait(nil, s))
+					}
+					one(c0, c1, buf0, buf1)
+					one(c1, c0, buf1, buf0)
+					return
+				}
+				must(b, c0.Send(buf0, 1, 1, pml.Standard))
+				_, err := c1.Recv(buf1, 0, 1)
+				must(b, err)
+				must(b, c1.Send(buf1, 0, 1, pml.Standard))
+				_, err = c0.Recv(buf0, 1, 1)
+				must(b, err)
+			}
+			for range 100 {
+				round()
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				round()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/2/1000, "us/one-way")
+		})
+	}
+}
+
+// must is require.NoError without its cost (testing's Helper walks the stack).
+func must(b *testing.B, err error) {
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkPMLWindow is the processor work of gompi-bench bw/rate on one
+// goroutine: 64 Isend, 64 Irecv, wait for all of them (us/msg per message).
+func BenchmarkPMLWindow(b *testing.B) {
+	for _, size := range []int{8, 512} {
+		b.Run(fmt.Sprintf("size=%s", sizeName(size)), func(b *testing.B) {
+			c0, c1 := pmlPair(b, [2]string{"pml_wait_spin", "1s"})
+			sb, rb := pml.Buffer{Bytes: make([]byte, size)}, pml.Buffer{Bytes: make([]byte, size)}
+			const window = 64
+			reqs := make([]*pml.Request, 2*window)
+			round := func() {
+				var err error
+				for i := range window {
+					reqs[i], err = c0.Isend(sb, 1, 1, pml.Standard, nil)
+					must(b, err)
+				}
+				for i := range window {
+					reqs[window+i], err = c1.Irecv(rb, 0, 1)
+					must(b, err)
+				}
+				for _, r := range reqs { // both sides poll: a full fast box queues sends
+					for !r.Done() {
+						c0.Engine().Progress()
+						c1.Engine().Progress()
+					}
+					if _, err := r.Result(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			for range 10 {
+				round()
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				round()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/window/1000, "us/msg")
+		})
+	}
+}
