@@ -165,6 +165,12 @@ func (m *module) Progress() int {
 	return n
 }
 
+// ConcurrentProgress reports that Progress may be called from several
+// goroutines at once (each socket is read by whoever gets its lock; the
+// others skip it), so the PML need not serialize the calls
+// (pml.ConcurrentPoller).
+func (m *module) ConcurrentProgress() bool { return true }
+
 // blockNap bounds Block: the reader goroutines deliver while it sleeps, so
 // it only has to return for the PML to poll other transports that it
 // does not block on.
