@@ -205,8 +205,11 @@ type Endpoint interface {
 	Get(local []byte, handle []byte, off int, cb Completion) (done bool, err error)
 }
 
-// Poller is implemented by modules that need polling (shared memory).
-// Event-driven modules (goroutine per connection) do not implement it.
+// Poller is implemented by modules whose inbound fragments are found by
+// polling: shared memory always, and tcp, whose waiting goroutines read
+// the sockets themselves (a reader goroutine per connection only takes
+// over while nobody polls). The PML's waiters and its background poller
+// call Progress; Block is where the background poller sleeps.
 type Poller interface {
 	// Progress polls for inbound fragments and completions, dispatching
 	// them, and returns how many events it handled.
