@@ -334,7 +334,11 @@ func (m *Module) Block(wake <-chan struct{}) {
 				if time.Since(start) > spin {
 					break
 				}
-				runtime.Gosched()
+				if i%4096 == 0 {
+					// Rarely: Gosched wakes an idle P's thread, which takes
+					// a core from the peer this rank waits for.
+					runtime.Gosched()
+				}
 			}
 		}
 	}
