@@ -190,7 +190,8 @@ func Run(n int, body func(world *Comm) error, opts ...Option) error {
 func newInstance(rank, size int, ps *params.Set, logf func(string, ...any)) (*instance, error) {
 	in := &instance{rank: rank, size: size, params: ps, logf: logf}
 	d := &btl.Dispatcher{}
-	e, err := pml.New(pml.Config{Rank: rank, Size: size, Params: ps, Dispatch: d, Oversubscribed: os.Getenv("GOMPI_OVERSUBSCRIBED") == "1", Logf: logf})
+	e, err := pml.New(pml.Config{Rank: rank, Size: size, Params: ps, Dispatch: d, Oversubscribed: os.Getenv("GOMPI_OVERSUBSCRIBED") == "1", Logf: logf,
+		Stats: ps.Bool("stats") || os.Getenv("GOMPI_STATS") == "1"})
 	if err != nil {
 		return nil, err
 	}

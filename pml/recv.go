@@ -161,7 +161,9 @@ func (e *Engine) deliver(r *Request, f *frag) {
 	r.status = Status{Source: int(f.m.Src), Tag: int(f.m.Tag)}
 	capacity := r.buf.Len()
 	r.stored = min(f.msgLen, capacity)
-	e.Stats.Recvd.Add(1)
+	if e.countStats {
+		e.Stats.Recvd.Add(1)
+	}
 	if f.typ == hdr.TypeMatch {
 		e.unpack(r, 0, f.data)
 		r.received = f.msgLen

@@ -154,10 +154,25 @@ func (e *Engine) Wait(ctx context.Context, r *Request) error {
 	var done <-chan struct{}
 	if ctx != nil {
 		done = ctx.Done()
+		// A transport's Block only watches w.ch: have ctx ring it too.
+		stop := context.AfterFunc(ctx, func() {
+			select {
+			case w.ch <- struct{}{}:
+			default:
+			}
+		})
+		defer stop()
 	}
 	for !r.Done() {
 		if e.poll.active() {
 			e.poll.block(w.ch, done)
+			if done != nil && ctx.Err() != nil && !r.Done() {
+				return ctx.Err()
+			}
+			continue
+		}
+		if done == nil {
+			<-w.ch
 			continue
 		}
 		select {

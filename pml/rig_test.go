@@ -220,7 +220,7 @@ func newRigRaw(t testing.TB, n int, cfg fake.Config, raw int, overrides ...[2]st
 		d := &btl.Dispatcher{}
 		var e *pml.Engine
 		if r != raw {
-			e, err = pml.New(pml.Config{Rank: r, Size: n, Params: ps, Dispatch: d})
+			e, err = pml.New(pml.Config{Rank: r, Size: n, Params: ps, Dispatch: d, Stats: true})
 			require.NoError(t, err)
 		}
 		g.net.Attach(r, d, cfg)

@@ -98,6 +98,9 @@ func (c *Comm) trySendNow(buf Buffer, dest, tag int, mode Mode) (bool, error) {
 }
 
 func (e *Engine) count(p Protocol, n int) {
+	if !e.countStats {
+		return
+	}
 	e.Stats.Sent[p].Add(1)
 	e.Stats.Bytes[p].Add(int64(n))
 }

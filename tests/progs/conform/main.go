@@ -16,8 +16,11 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/gompi-org/gompi/convertor"
 	"github.com/gompi-org/gompi/mpi"
@@ -63,8 +66,41 @@ func pattern(n, seed int) []byte {
 	return b
 }
 
+// waitContext: a receive nobody sends to gives up when its context ends
+// (the waiter is parked in a transport's Block by then), and can be
+// cancelled afterwards.
+func waitContext(w *mpi.Comm) error {
+	peer := (w.Rank() + 1) % w.Size()
+	r, err := w.Irecv(make([]byte, 8), peer, 4321)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := r.WaitContext(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("WaitContext of a receive nobody sends to = %v, want context.DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		return fmt.Errorf("WaitContext returned %v after its deadline", d)
+	}
+	if err := r.Cancel(); err != nil {
+		return err
+	}
+	st, err := r.Wait()
+	if err != nil || !st.Cancelled {
+		return fmt.Errorf("cancelled receive: status %+v, err %v", st, err)
+	}
+	return nil
+}
+
 func run(w *mpi.Comm) error {
 	me, n := w.Rank(), w.Size()
+	if n > 1 {
+		if err := waitContext(w); err != nil {
+			return err
+		}
+	}
 	sizes := []int{0, 1, 8, 255, 256, 257, 1000, 4096, 65536, 65537, 1 << 20, 16 << 20}
 	// Every pair (i -> j, i != j) in turn, every size.
 	for src := 0; src < n; src++ {
