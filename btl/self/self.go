@@ -178,7 +178,7 @@ func (w *World) lookup(handle []byte, off, n int) ([]byte, error) {
 
 type endpoint struct {
 	from, to *Module
-	back     *endpoint // to -> from, as the receiver sees the sender
+	back     atomic.Pointer[endpoint] // to -> from, as the receiver sees the sender (set on first use)
 }
 
 var _ btl.Endpoint = (*endpoint)(nil)
@@ -187,14 +187,17 @@ func (e *endpoint) Module() btl.Module { return e.from }
 func (e *endpoint) Peer() int          { return e.to.rank }
 
 func (e *endpoint) reverse() (*endpoint, error) {
-	if e.back == nil {
-		ep, err := e.to.AddProc(e.from.rank)
-		if err != nil {
-			return nil, err
-		}
-		e.back = ep.(*endpoint)
+	if b := e.back.Load(); b != nil {
+		return b, nil
 	}
-	return e.back, nil
+	// Racing senders get the same endpoint: AddProc returns one per peer.
+	ep, err := e.to.AddProc(e.from.rank)
+	if err != nil {
+		return nil, err
+	}
+	b := ep.(*endpoint)
+	e.back.Store(b)
+	return b, nil
 }
 
 func (e *endpoint) deliver(tag btl.Tag, hdr, data []byte) error {
