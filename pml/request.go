@@ -254,11 +254,15 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 // enough for a goroutine of this process that must run (the spin is
 // bounded anyway, and the scheduler preempts after 10 ms).
 func (e *Engine) spinWait(cond func() bool) bool {
-	if e.spin <= 0 {
+	if e.spin <= 0 || !e.poll.active() {
+		// Without polled transports (in-process ranks) nothing can be
+		// found by spinning: the peer's goroutine completes the request,
+		// and parking hands it this processor (a channel wake-up), which
+		// measured faster than spinning against it.
 		e.poll.progress()
 		return cond()
 	}
-	polled := e.poll.active()
+	polled := true
 	yieldMask := 255
 	if polled {
 		yieldMask = 4095
