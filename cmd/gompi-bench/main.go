@@ -77,6 +77,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
+		fmt.Fprintf(stderr, "gompi-bench: %v\n", err)
 		return 2
 	}
 	if fs.NArg() != 1 {
