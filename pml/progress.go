@@ -27,6 +27,10 @@ type pollers struct {
 // asynchronous progress after a wait, by at most bgNap.
 const bgNap = time.Millisecond
 
+// bgNapMax bounds the naps while waiters stay: the delay of asynchronous
+// progress after a long wait.
+const bgNapMax = 8 * time.Millisecond
+
 type polled struct {
 	p          btl.Poller
 	concurrent bool       // p serializes its own Progress calls: mu is not used
@@ -73,7 +77,12 @@ func (ps *pollers) block(wake <-chan struct{}, done <-chan struct{}) {
 		default:
 		}
 	}
+	// While a waiter watches the transport in Block, the background
+	// goroutine naps instead of watching too: a second watcher takes a
+	// core from the peer and, asleep in Block, costs each sender a wake-up.
+	ps.spinners.Add(1)
 	ps.list[0].p.Block(wake)
+	ps.spinners.Add(-1)
 	ps.progress()
 }
 
@@ -93,6 +102,7 @@ func (ps *pollers) start() {
 		t := time.NewTimer(bgNap)
 		defer t.Stop()
 		idle := 0
+		nap := bgNap
 		for {
 			select {
 			case <-ps.stop:
@@ -100,7 +110,10 @@ func (ps *pollers) start() {
 			default:
 			}
 			if ps.spinners.Load() > 0 {
-				t.Reset(bgNap)
+				// Naps lengthen while waiters stay (up to bgNapMax): a
+				// rank blocked for long stays nearly idle.
+				t.Reset(nap)
+				nap = min(2*nap, bgNapMax)
 				select {
 				case <-ps.stop:
 					return
@@ -109,6 +122,7 @@ func (ps *pollers) start() {
 				idle = 0
 				continue
 			}
+			nap = bgNap
 			if ps.progress() > 0 {
 				idle = 0
 				continue

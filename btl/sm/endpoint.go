@@ -506,13 +506,16 @@ func (e *endpoint) brokeProtocol(err error) error {
 
 func isFull(err error) bool { return errors.Is(err, errBoxFull) || errors.Is(err, errFifoFull) }
 
-// wake wakes the peer if it announced it sleeps. The load is after the
-// fragment's publication (both sequentially consistent), and the peer
-// announces before its last look for work, so one of the two sees the
-// other.
+// wake wakes the peer if it announced it sleeps and nobody woke it since.
+// The loads are after the fragment's publication (all sequentially
+// consistent), and the peer announces, then arms its futex word, before
+// its last look for work, so either it sees the fragment or this sees it
+// announced and armed. Only the sender that disarms the word makes the
+// system call: while the peer's sleeper has not run yet (or its process
+// polls with another goroutine) the following fragments cost two loads,
+// not a futex wake each.
 func (p *peer) wake() {
-	if uint32(p.state.Load()) != 0 {
-		p.seq.Add(1)
+	if uint32(p.state.Load()) != 0 && disarm(p.seq) {
 		sys.FutexWake(p.seq, math.MaxInt32)
 	}
 }

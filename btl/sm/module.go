@@ -424,8 +424,49 @@ func protoErr(p *peer, err error) error {
 // The caller makes sure the segment is still mapped: it runs before Close
 // unmaps (holding lifeMu or pollMu, or counted in bg, or before closed).
 func (m *Module) kick() {
-	m.seq.Add(1)
+	bump(m.seq)
 	sys.FutexWake(m.seq, math.MaxInt32)
+}
+
+// seqArmed is the futex word's top bit: a goroutine that announced it
+// sleeps sets it (arm) before its last look for work; the first sender
+// that finds it set clears it and makes the wake-up call (disarm). The
+// low bits count wake-ups, so a sleeper's FutexWait sees any change.
+const seqArmed = 1 << 31
+
+// arm sets the armed bit and returns the word's value with it set: the
+// value to sleep on.
+func arm(seq *atomic.Uint32) uint32 {
+	for {
+		s := seq.Load()
+		if s&seqArmed != 0 || seq.CompareAndSwap(s, s|seqArmed) {
+			return s | seqArmed
+		}
+	}
+}
+
+// disarm clears the armed bit and counts a wake-up; false if the bit was
+// not set (nobody armed it since the last wake-up).
+func disarm(seq *atomic.Uint32) bool {
+	for {
+		s := seq.Load()
+		if s&seqArmed == 0 {
+			return false
+		}
+		if seq.CompareAndSwap(s, (s+1)&^seqArmed) {
+			return true
+		}
+	}
+}
+
+// bump counts a wake-up unconditionally and clears the armed bit.
+func bump(seq *atomic.Uint32) {
+	for {
+		s := seq.Load()
+		if seq.CompareAndSwap(s, (s+1)&^seqArmed) {
+			return
+		}
+	}
 }
 
 // Close tears the module down: it marks its segment closed (senders then
@@ -458,7 +499,7 @@ func (m *Module) shutdown(state uint64) error {
 	m.kick()
 	for i := range m.peers {
 		if p := m.peers[i].p.Load(); p != nil && p.seg != nil {
-			p.seq.Add(1)
+			bump(p.seq)
 			sys.FutexWake(p.seq, math.MaxInt32)
 		}
 	}

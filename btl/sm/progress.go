@@ -365,6 +365,7 @@ func (m *Module) Block(wake <-chan struct{}) {
 			continue
 		}
 		m.state.Add(1) // announce: senders now wake us
+		s = arm(m.seq) // the first sender to see it armed wakes us
 		if !m.look() && !woken.Load() {
 			sys.FutexWait(m.seq, s, sleepTime)
 			// Peers also wake us when they close or die: have Progress
