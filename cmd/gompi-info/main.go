@@ -120,6 +120,12 @@ func transports(out io.Writer, set *params.Set) []opened {
 		switch {
 		case err != nil:
 			fmt.Fprintf(out, "  %-6s not usable here: %v\n", name, err)
+			// gompi-info runs alone, so a transport that needs a peer on
+			// this host (sm) cannot open: its protocol table still follows
+			// from its parameters, with the capabilities btl_<t>_flags allows.
+			if l, caps, _, serr := btl.Settings(set, name, btl.CapSend|btl.CapSendImmediate|btl.CapSendInPlace|btl.CapRDMA); serr == nil && set.Has("btl_"+name+"_eager_limit") {
+				res = append(res, opened{name + " (not usable here: from its parameters and btl_" + name + "_flags)", l, caps})
+			}
 		case len(mods) == 0:
 			fmt.Fprintf(out, "  %-6s not usable here: no modules\n", name)
 		default:
@@ -223,7 +229,9 @@ func ranges(f func(int) string, l btl.Limits) []rangeRow {
 
 func size(n int) string {
 	if n > 0 && n%(1<<10) == 0 {
-		return params.FormatSize(n) + " B"
+		f := params.FormatSize(n)
+		unit := map[byte]string{'k': " KiB", 'm': " MiB", 'g': " GiB"}[f[len(f)-1]]
+		return f[:len(f)-1] + unit
 	}
 	return fmt.Sprintf("%d B", n)
 }

@@ -40,6 +40,9 @@ func TestProtocolTable(t *testing.T) {
 	self := out[strings.Index(out, "  self ("):]
 	require.Contains(t, self, "257 B .. 4080 B              eager_prepared")
 	require.Contains(t, self, "rdma_get")
+	// sm cannot open without a peer on the host, yet its table follows
+	// from its parameters.
+	require.Regexp(t, `(?s)  sm \(.*?eager payload <= 8176 B.*?8177 B \.\. `, out)
 
 	code, out, _ = runInfo(t, "--protocols", "--param", "pml_force_protocol=send_pipeline")
 	require.Equal(t, 0, code)
