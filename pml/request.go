@@ -241,18 +241,19 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 }
 
 // spinWait checks cond while spinning for the configured time; true if it
-// held. With polled transports it polls them between checks and counts
-// itself in pollers.spinners while it does, so the background poller
-// stays asleep instead of competing for the transport and the processor.
+// held. It spins only when there are polled transports: it polls them
+// between checks and counts itself in pollers.spinners while it does, so
+// the background poller stays asleep instead of competing for the
+// transport and the processor. Without them (in-process ranks) it checks
+// once: the peer's goroutine completes the request, and parking hands it
+// this processor.
 //
-// It reads the clock every 256 checks and yields the processor rarely:
-// runtime.Gosched wakes an idle P's thread (wakep) and may migrate the
-// goroutine, which on a machine with as many ranks as cores takes a core
-// away from the peer this rank is waiting for. Without polled transports
-// (in-process ranks, whose progress needs another goroutine of this
-// process) it yields every 256 checks; with them every 4096, which is
-// enough for a goroutine of this process that must run (the spin is
-// bounded anyway, and the scheduler preempts after 10 ms).
+// It reads the clock every 256 checks and yields the processor only every
+// 4096: runtime.Gosched wakes an idle P's thread (wakep) and may migrate
+// the goroutine, which on a machine with as many ranks as cores takes a
+// core away from the peer this rank is waiting for; a goroutine of this
+// process that must run still gets a turn (the spin is bounded anyway,
+// and the scheduler preempts after 10 ms).
 func (e *Engine) spinWait(cond func() bool) bool {
 	if e.spin <= 0 || !e.poll.active() {
 		// Without polled transports (in-process ranks) nothing can be
@@ -262,11 +263,7 @@ func (e *Engine) spinWait(cond func() bool) bool {
 		e.poll.progress()
 		return cond()
 	}
-	polled := true
-	yieldMask := 255
-	if polled {
-		yieldMask = 4095
-	}
+	const yieldMask = 4095
 	counted := false // in spinners: only once the wait is not over at once
 	defer func() {
 		if counted {
@@ -275,19 +272,15 @@ func (e *Engine) spinWait(cond func() bool) bool {
 	}()
 	var start time.Time
 	for i := 1; ; i++ {
-		if polled {
-			e.poll.progress()
-		}
+		e.poll.progress()
 		if cond() {
 			return true
 		}
 		if i&255 == 0 {
 			if start.IsZero() {
 				start = time.Now()
-				if polled {
-					e.poll.spinners.Add(1)
-					counted = true
-				}
+				e.poll.spinners.Add(1)
+				counted = true
 			} else if time.Since(start) > e.spin {
 				return false
 			}
