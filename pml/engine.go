@@ -17,6 +17,7 @@
 package pml
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -280,7 +281,7 @@ func (e *Engine) PeerFailed(r int, err error) {
 		e.mu.Unlock()
 		return
 	}
-	if !isClass(err, mpierr.ErrProcFailed) {
+	if !errors.Is(err, mpierr.ErrProcFailed) {
 		err = fmt.Errorf("rank %d: %w (%w)", r, mpierr.ErrProcFailed, err)
 	}
 	p.failed = err
@@ -304,28 +305,6 @@ func (e *Engine) PeerFailed(r int, err error) {
 		e.failLocked(q, err)
 	}
 	e.mu.Unlock()
-}
-
-func isClass(err, class error) bool {
-	for err != nil {
-		if err == class {
-			return true
-		}
-		switch u := err.(type) {
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		case interface{ Unwrap() []error }:
-			for _, x := range u.Unwrap() {
-				if isClass(x, class) {
-					return true
-				}
-			}
-			return false
-		default:
-			return false
-		}
-	}
-	return false
 }
 
 // protocolError reports a peer that broke the protocol: it is treated as failed.
