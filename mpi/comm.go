@@ -183,7 +183,7 @@ func (c *Comm) Ibsend(buf any, dest, tag int) (*Request, error) {
 		release()
 		return nil, err
 	}
-	return &Request{c: c, r: r}, nil
+	return newRequest(c, r), nil
 }
 
 func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
@@ -201,7 +201,7 @@ func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Request{c: c, r: r}, nil
+	return newRequest(c, r), nil
 }
 
 // Irecv starts a receive; buf must not be touched until the request completes.
@@ -220,7 +220,7 @@ func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Request{c: c, r: r}, nil
+	return newRequest(c, r), nil
 }
 
 // Probe blocks until a message from source with tag can be received and
@@ -312,7 +312,7 @@ func (m *Message) Irecv(buf any) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Request{c: m.c, r: r}, nil
+	return newRequest(m.c, r), nil
 }
 
 // Abort ends every rank of the job: in-process (Run), every rank's pending

@@ -3,6 +3,7 @@ package mpi
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/pml"
@@ -11,22 +12,75 @@ import (
 // Request is a nonblocking operation in progress. Complete it with Wait
 // (or Test until done); the buffer it names belongs to the library until
 // then.
+//
+// The PML request behind it is pooled: the first call that finds it done
+// copies its result here and gives it back. Calls on one Request from
+// several goroutines at once stay safe (each holds a use count while it
+// touches the PML request, and only an unused one is given back), though
+// MPI calls waiting twice on one request erroneous.
 type Request struct {
-	c  *Comm
-	r  *pml.Request // nil for a request that completed at once (ProcNull)
-	st Status
+	c     *Comm
+	p     atomic.Pointer[pml.Request] // nil once the result is here (or for one done at once)
+	users atomic.Int32                // calls touching *p right now
+	taken atomic.Bool                 // one call copies the result and gives p back
+	st    Status
+	err   error
+}
+
+func newRequest(c *Comm, pr *pml.Request) *Request {
+	r := &Request{c: c}
+	r.p.Store(pr)
+	return r
 }
 
 func doneRequest(c *Comm, st Status) *Request { return &Request{c: c, st: st} }
 
-func (r *Request) done() bool { return r.r == nil || r.r.Done() }
-
-func (r *Request) result() (Status, error) {
-	if r.r == nil {
-		return r.st, nil
+// acquire returns the PML request with a use count held (release it with
+// r.users.Add(-1)), or nil when the result is already here.
+func (r *Request) acquire() *pml.Request {
+	r.users.Add(1)
+	pr := r.p.Load()
+	if pr == nil {
+		r.users.Add(-1)
 	}
-	st, err := r.r.Result()
-	return Status(st), err
+	return pr
+}
+
+func (r *Request) done() bool {
+	pr := r.acquire()
+	if pr == nil {
+		return true
+	}
+	d := pr.Done()
+	r.users.Add(-1)
+	return d
+}
+
+// result returns the status and error of a request known to be done.
+func (r *Request) result() (Status, error) {
+	pr := r.acquire()
+	if pr == nil {
+		return r.st, r.err
+	}
+	return r.finish(pr)
+}
+
+// finish takes the result of pr, which is done and held by the caller (a
+// use count), and gives pr back to the pool when nobody else holds it.
+func (r *Request) finish(pr *pml.Request) (Status, error) {
+	pst, err := pr.Result()
+	st := Status(pst)
+	mine := r.taken.CompareAndSwap(false, true)
+	if mine {
+		r.st, r.err = st, err
+		r.p.Store(nil) // later calls read st and err
+	}
+	// A call that loads p from now on sees nil: once the count is zero,
+	// nobody can reach pr any more.
+	if r.users.Add(-1) == 0 && mine {
+		pml.Recycle(pr)
+	}
+	return st, err
 }
 
 // Wait blocks until the request completes and returns its status.
@@ -34,10 +88,12 @@ func (r *Request) Wait() (Status, error) {
 	if r == nil {
 		return Status{}, mpierr.Errorf(mpierr.ErrArg, "nil request")
 	}
-	if r.r != nil {
-		r.c.in.engine.Wait(nil, r.r)
+	pr := r.acquire()
+	if pr == nil {
+		return r.st, r.err
 	}
-	return r.result()
+	r.c.in.engine.Wait(nil, pr)
+	return r.finish(pr)
 }
 
 // WaitContext is Wait that gives up when ctx is done: it then returns
@@ -46,12 +102,15 @@ func (r *Request) WaitContext(ctx context.Context) (Status, error) {
 	if r == nil {
 		return Status{}, mpierr.Errorf(mpierr.ErrArg, "nil request")
 	}
-	if r.r != nil {
-		if err := r.c.in.engine.Wait(ctx, r.r); err != nil {
-			return Status{}, err
-		}
+	pr := r.acquire()
+	if pr == nil {
+		return r.st, r.err
 	}
-	return r.result()
+	if err := r.c.in.engine.Wait(ctx, pr); err != nil {
+		r.users.Add(-1)
+		return Status{}, err
+	}
+	return r.finish(pr)
 }
 
 // Test reports whether the request completed, without blocking; the status
@@ -60,13 +119,18 @@ func (r *Request) Test() (Status, bool, error) {
 	if r == nil {
 		return Status{}, false, mpierr.Errorf(mpierr.ErrArg, "nil request")
 	}
-	if !r.done() {
+	pr := r.acquire()
+	if pr == nil {
+		return r.st, true, r.err
+	}
+	if !pr.Done() {
 		r.c.in.engine.Progress()
-		if !r.done() {
+		if !pr.Done() {
+			r.users.Add(-1)
 			return Status{}, false, nil
 		}
 	}
-	st, err := r.result()
+	st, err := r.finish(pr)
 	return st, true, err
 }
 
@@ -77,8 +141,9 @@ func (r *Request) Cancel() error {
 	if r == nil {
 		return mpierr.Errorf(mpierr.ErrArg, "nil request")
 	}
-	if r.r != nil {
-		r.c.pc.Cancel(r.r)
+	if pr := r.acquire(); pr != nil {
+		r.c.pc.Cancel(pr)
+		r.users.Add(-1)
 	}
 	return nil
 }
@@ -115,7 +180,11 @@ func Waitany(reqs []*Request) (int, Status, error) {
 	prs := make([]*pml.Request, len(reqs))
 	for i, r := range reqs {
 		if r != nil {
-			prs[i] = r.r
+			prs[i] = r.acquire() // nil: its result is here, so it is done
+			if prs[i] == nil {
+				releaseAll(reqs, prs)
+				return takeResult(reqs, i)
+			}
 			e = r.c.in.engine
 		}
 	}
@@ -123,10 +192,20 @@ func Waitany(reqs []*Request) (int, Status, error) {
 		return -1, Status{}, nil
 	}
 	i := e.WaitAny(prs)
+	releaseAll(reqs, prs)
 	if i < 0 {
 		return -1, Status{}, nil
 	}
 	return takeResult(reqs, i)
+}
+
+// releaseAll drops the use counts acquire took on the non-nil prs.
+func releaseAll(reqs []*Request, prs []*pml.Request) {
+	for i, pr := range prs {
+		if pr != nil {
+			reqs[i].users.Add(-1)
+		}
+	}
 }
 
 func takeResult(reqs []*Request, i int) (int, Status, error) {

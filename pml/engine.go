@@ -487,16 +487,29 @@ func newReq(owned bool) *Request {
 	return &Request{}
 }
 
-// Recycle returns a request obtained from a blocking call's pool.
+// Recycle gives a completed request back to the pool. The caller must
+// have seen it Done and must not touch it again. Requests that the engine
+// may still reference after completion are left to the garbage collector:
+// one that went through a rendezvous (a scheduler loop or a transport
+// callback on another goroutine may still hold it) and a buffered send
+// (it completes before its fragment has left).
+func Recycle(r *Request) { recycle(r) }
+
 func recycle(r *Request) {
-	// A request that went through a rendezvous may still be referenced by
-	// a scheduler loop or a transport callback on another goroutine after
-	// it completed: leave it to the garbage collector.
-	if !r.owned || r.id != 0 {
+	if !r.owned || r.id != 0 || r.release != nil || !r.Done() {
 		return
 	}
 	r.reset()
 	reqPool.Put(r)
+}
+
+// recycleUnstarted gives back a pooled request that failed to start
+// (nothing references it).
+func recycleUnstarted(r *Request) {
+	if r.owned && r.id == 0 && r.release == nil {
+		r.reset()
+		reqPool.Put(r)
+	}
 }
 
 var hdrPool = sync.Pool{New: func() any { return new([hdr.MaxLen]byte) }}

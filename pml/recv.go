@@ -505,8 +505,9 @@ func (c *Comm) check() error {
 // Irecv posts a receive into buf from communicator rank src (or AnySource)
 // with tag (or AnyTag). The caller validated src and tag.
 func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
-	r := newReq(false)
+	r := newReq(true)
 	if err := c.postRecv(r, buf, src, tag, kindRecv); err != nil {
+		recycleUnstarted(r)
 		return nil, err
 	}
 	return r, nil
@@ -516,7 +517,7 @@ func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
 func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	r := newReq(true)
 	if err := c.postRecv(r, buf, src, tag, kindRecv); err != nil {
-		recycle(r)
+		recycleUnstarted(r)
 		return Status{}, err
 	}
 	c.e.Wait(nil, r)
@@ -642,7 +643,7 @@ func (c *Comm) Mrecv(m *Request, buf Buffer) (*Request, error) {
 		return nil, mpierr.Errorf(mpierr.ErrArg, "message already received or not from a matched probe")
 	}
 	e := c.e
-	r := newReq(false)
+	r := newReq(true)
 	r.kind, r.comm, r.buf, r.peer, r.tag = kindRecv, c, buf, int(m.frag.m.Src), int(m.frag.m.Tag)
 	f := m.frag
 	m.frag = nil

@@ -56,9 +56,19 @@ const (
 // Request is one send, receive or probe. Its result fields are written by
 // the engine before done is set and read by the owner only after.
 type Request struct {
+	done   atomic.Uint32
+	w      atomic.Pointer[waiter]
+	sched  atomic.Int32 // ob1's req_lock: one scheduler at a time
+	convMu sync.Mutex   // serializes the convertor (non-contiguous buffers)
+	own    waiter       // the waiter of Wait; its channel survives recycling
+	owned  bool         // from the pool: recycled once its owner is done with it
+	reqState
+}
+
+// reqState is everything a recycled request starts again from zero with
+// (one block clear instead of a field-by-field reset).
+type reqState struct {
 	kind reqKind
-	done atomic.Uint32
-	w    atomic.Pointer[waiter]
 
 	// result, valid once done
 	status Status
@@ -73,7 +83,6 @@ type Request struct {
 	proto   Protocol
 	id      uint64
 	release func() // Bsend: return the attached-buffer space at PML completion
-	owned   bool   // blocking call: pooled, recycled after Wait
 
 	// matching (guarded by Engine.mu)
 	postSeq    uint64
@@ -94,8 +103,6 @@ type Request struct {
 	ranges    []span // send: copy ranges still to send; recv: PUT ranges still to request
 	reg       btl.Registration
 	regs      map[uint64]btl.Registration // recv: per-PUT registrations by offset
-	sched     atomic.Int32                // ob1's req_lock: one scheduler at a time
-	convMu    sync.Mutex                  // serializes the convertor (non-contiguous buffers)
 	pmlDone   bool                        // send: protocol finished (Bsend completes MPI-level earlier)
 	mpiDone   bool
 	peerWorld int
@@ -141,14 +148,15 @@ func (e *Engine) Wait(ctx context.Context, r *Request) error {
 	if e.spinWait(func() bool { return r.Done() }) {
 		return nil
 	}
-	w := waiterPool.Get().(*waiter)
+	w := &r.own
+	if w.ch == nil {
+		w.ch = make(chan struct{}, 1)
+	}
 	defer func() {
 		r.w.Store(nil)
-		select { // drop a late wake-up so the pooled waiter starts clean
-		case <-w.ch:
-		default:
-		}
-		waiterPool.Put(w)
+		// A completer that loaded w just before may still ring it: the
+		// token stays behind, and a later wait on this (recycled)
+		// request only loops once more on it (it re-checks Done).
 	}()
 	r.w.Store(w)
 	var done <-chan struct{}
@@ -303,11 +311,5 @@ func (r *Request) reset() {
 	if r.sched.Load() != 0 {
 		r.sched.Store(0)
 	}
-	r.kind, r.status, r.err = 0, Status{}, nil
-	r.comm, r.peer, r.tag, r.buf, r.mode, r.proto, r.id, r.release = nil, 0, 0, Buffer{}, 0, 0, 0, nil
-	r.postSeq, r.next, r.prev, r.list, r.frag = 0, nil, nil, nil, nil
-	r.ep, r.msgLen, r.received, r.stored, r.delivered, r.acked = nil, 0, 0, 0, 0, false
-	r.dstReq, r.srcReq, r.inflight, r.ranges, r.reg, r.regs = 0, 0, 0, r.ranges[:0], nil, nil
-	r.pmlDone, r.mpiDone, r.peerWorld, r.flags, r.handle = false, false, 0, 0, nil
-	r.owned = true
+	r.reqState = reqState{ranges: r.ranges[:0]}
 }

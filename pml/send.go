@@ -11,8 +11,9 @@ import (
 // then the packed copy in the attached buffer and the request completes at
 // once). The caller validated dest and tag.
 func (c *Comm) Isend(buf Buffer, dest, tag int, mode Mode, release func()) (*Request, error) {
-	r := newReq(false)
+	r := newReq(true)
 	if err := c.startSend(r, buf, dest, tag, mode, release); err != nil {
+		recycleUnstarted(r)
 		return nil, err
 	}
 	return r, nil
@@ -27,7 +28,7 @@ func (c *Comm) Send(buf Buffer, dest, tag int, mode Mode) error {
 	}
 	r := newReq(true)
 	if err := c.startSend(r, buf, dest, tag, mode, nil); err != nil {
-		recycle(r)
+		recycleUnstarted(r)
 		return err
 	}
 	e.Wait(nil, r)

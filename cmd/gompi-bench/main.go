@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"syscall"
@@ -69,6 +70,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	label := fs.String("plot-label", "other", "legend of the overlay curve")
 	idle := fs.Duration("idle-time", 2*time.Second, "idle mode: how long rank 1 sleeps before it sends")
 	inproc := fs.Bool("inprocess", false, "run two goroutine ranks over the self transport instead of under gorun")
+	cpuprof := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE.rank<N> (N = GOMPI_RANK, 0 outside gorun)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: gompi-bench latency|bw|bibw|rate|idle [flags]   (under gorun -np 2, or with --inprocess)")
 		fs.PrintDefaults()
@@ -111,6 +113,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		opts = append(opts, mpi.WithParam(name, val))
+	}
+	if *cpuprof != "" {
+		rank := os.Getenv("GOMPI_RANK")
+		if rank == "" {
+			rank = "0"
+		}
+		f, err := os.Create(*cpuprof + ".rank" + rank)
+		if err != nil {
+			fmt.Fprintf(stderr, "gompi-bench: --cpuprofile: %v\n", err)
+			return 2
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "gompi-bench: --cpuprofile: %v\n", err)
+			return 2
+		}
+		defer pprof.StopCPUProfile()
 	}
 	var err error
 	if *inproc {

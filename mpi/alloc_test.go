@@ -1,0 +1,70 @@
+package mpi_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gompi-org/gompi/mpi"
+)
+
+// TestSmallMessageAllocations: once warmed up, a blocking Send/Recv of a
+// small message allocates nothing, and a nonblocking one allocates only
+// the Request the caller holds (the PML's request is pooled).
+func TestSmallMessageAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	const stop = 9
+	var blocking, nonblocking float64
+	err := mpi.Run(2, func(w *mpi.Comm) error {
+		var buf any = make([]byte, 8)
+		if w.Rank() == 1 { // echo with blocking calls until tag stop
+			for {
+				st, err := w.Recv(buf, 0, mpi.AnyTag)
+				if err != nil || st.Tag == stop {
+					return err
+				}
+				if err := w.Send(buf, 0, st.Tag); err != nil {
+					return err
+				}
+			}
+		}
+		var failed error
+		blocking = testing.AllocsPerRun(200, func() {
+			if err := w.Send(buf, 1, 1); err != nil {
+				failed = err
+			}
+			if _, err := w.Recv(buf, 1, 1); err != nil {
+				failed = err
+			}
+		})
+		nonblocking = testing.AllocsPerRun(200, func() {
+			rr, err := w.Irecv(buf, 1, 2)
+			if err != nil {
+				failed = err
+				return
+			}
+			sr, err := w.Isend(buf, 1, 2)
+			if err != nil {
+				failed = err
+				return
+			}
+			if _, err := sr.Wait(); err != nil {
+				failed = err
+			}
+			if _, err := rr.Wait(); err != nil {
+				failed = err
+			}
+		})
+		// (No require here: a failed assertion would end this rank's
+		// goroutine and leave rank 1 waiting.)
+		if err := w.Send(buf, 1, stop); err != nil {
+			return err
+		}
+		return failed
+	})
+	require.NoError(t, err)
+	require.Zero(t, blocking, "allocations per blocking round trip")
+	require.LessOrEqual(t, nonblocking, 2.0, "allocations per nonblocking round trip (two Requests)")
+}
