@@ -73,6 +73,24 @@ type matchState struct {
 	nWild int
 
 	empty int // specific lists that are empty (kept for reuse, swept when many)
+
+	// The list of the (source, tag) used last: a program that receives
+	// from one peer on one tag finds it without hashing. Reset by sweep,
+	// which is the only place a list leaves the map.
+	hotKey key
+	hot    *reqList
+}
+
+// list returns the specific list of k, nil if there is none.
+func (m *matchState) list(k key) *reqList {
+	if m.hot != nil && m.hotKey == k {
+		return m.hot
+	}
+	l := m.specific[k]
+	if l != nil {
+		m.hotKey, m.hot = k, l
+	}
+	return l
 }
 
 // minSweep is how many empty specific lists may stay in the map before a
@@ -104,10 +122,11 @@ func (m *matchState) post(r *Request) {
 		m.srcAny[r.peer].push(r)
 	default:
 		k := key{int32(r.peer), int32(r.tag)}
-		l := m.specific[k]
+		l := m.list(k)
 		if l == nil {
 			l = &reqList{}
 			m.specific[k] = l
+			m.hotKey, m.hot = k, l
 		} else if l.head == nil {
 			m.empty--
 		}
@@ -141,12 +160,13 @@ func (m *matchState) sweep() {
 		}
 	}
 	m.empty = 0
+	m.hot = nil
 }
 
 // findPosted returns the earliest-posted request matching (src, tag), without removing it.
 func (m *matchState) findPosted(src, tag int) *Request {
 	var best *Request
-	if l := m.specific[key{int32(src), int32(tag)}]; l != nil {
+	if l := m.list(key{int32(src), int32(tag)}); l != nil {
 		best = l.head
 	}
 	if tag >= 0 {
@@ -240,6 +260,9 @@ func (m *matchState) removeUnexpected(f *frag) {
 
 // findUnexpected returns the earliest unexpected message matching (src, tag).
 func (m *matchState) findUnexpected(src, tag int) *frag {
+	if m.uAll.head == nil {
+		return nil
+	}
 	switch {
 	case src != AnySource && tag != AnyTag:
 		if l := m.uKey[key{int32(src), int32(tag)}]; l != nil {

@@ -65,7 +65,12 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 		e.mu.Unlock()
 		return
 	}
-	c := e.comms[f.m.Ctx]
+	c := e.lastComm
+	if c == nil || c.ctx != f.m.Ctx {
+		if c = e.comms[f.m.Ctx]; c != nil {
+			e.lastComm = c // communicators never leave e.comms
+		}
+	}
 	sf := &e.scratch
 	*sf = f
 	if c == nil {
