@@ -102,7 +102,7 @@ func init() {
 		Help: "bytes of each process's shared segment: FIFO, fast boxes and fragment buffers"})
 	params.Register(params.Def{Name: paramSingleCopy, Kind: params.String, Default: "auto",
 		Help: "single-copy Put/Get: auto (cross-memory attach if permitted), cma (required), none"})
-	params.Register(params.Def{Name: paramSpin, Kind: params.Duration, Default: "20us",
+	params.Register(params.Def{Name: paramSpin, Kind: params.Duration, Default: "500us",
 		Help: "how long Block polls shared memory before it sleeps on a futex (0 when oversubscribed unless set)"})
 	params.Register(params.Def{Name: paramWireTimeout, Kind: params.Duration, Default: "30s",
 		Help: "time allowed for the other ranks on this host to publish their segments"})
