@@ -449,6 +449,23 @@ func TestEnvironmentContract(t *testing.T) {
 	}
 }
 
+// TestRankGOMAXPROCS: ranks share gorun's processors unless the user set
+// GOMAXPROCS.
+func TestRankGOMAXPROCS(t *testing.T) {
+	want := strconv.Itoa(max(1, runtime.GOMAXPROCS(0)/2))
+	if v := os.Getenv("GOMAXPROCS"); v != "" {
+		want = v // inherited: gorun leaves it alone
+	}
+	r := gorun(t, "", "-np", "2", "sh", "-c", `echo "$GOMAXPROCS"`)
+	if r.code != 0 || r.stdout != want+"\n"+want+"\n" {
+		t.Errorf("exit %d, stdout %q, want GOMAXPROCS=%s twice", r.code, r.stdout, want)
+	}
+	r = gorun(t, "", "-np", "2", "-x", "GOMAXPROCS=3", "sh", "-c", `echo "$GOMAXPROCS"`)
+	if r.code != 0 || r.stdout != "3\n3\n" {
+		t.Errorf("-x GOMAXPROCS=3: exit %d, stdout %q", r.code, r.stdout)
+	}
+}
+
 func TestOversubscription(t *testing.T) {
 	np := strconv.Itoa(runtime.NumCPU() + 1)
 	notice := "oversubscribed, ranks will wait without spinning"

@@ -103,6 +103,12 @@ func (m *Module) pollBox(b *rxBox, budget int) int {
 			n++
 		}
 		pos += uint64(e.next)
+		if m.pendingN.Load() > 0 {
+			// A handler may have run long (a single copy of megabytes):
+			// post this process's queued sends now, or the peer starves
+			// while this loop works through its budget.
+			m.drainAll()
+		}
 	}
 	if pos != b.pos {
 		b.pos, b.seq = pos, seq
@@ -138,6 +144,9 @@ func (m *Module) pollFifo() int {
 		}
 		k, _ := m.recvFrag(p, idx, true)
 		bytes += k
+		if m.pendingN.Load() > 0 {
+			m.drainAll() // as in pollBox
+		}
 	}
 	if n > 0 {
 		m.head = h
