@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -147,7 +148,7 @@ func TestDefaults(t *testing.T) {
 	r := openJob(t, btltest.NewStore(), 2)[0]
 	m := r.mods[0]
 	require.Equal(t, btl.Limits{EagerLimit: 64 << 10, RndvEagerLimit: 64 << 10, MaxSendSize: 128 << 10,
-		RDMAPipelineFragSize: 2147482624, RDMAPipelineSendLength: 128 << 10, MinRDMAPipelineSize: 192 << 10}, m.Limits())
+		RDMAPipelineFragSize: 2147482624, RDMAPipelineSendLength: 128 << 10, MinRDMAPipelineSize: math.MaxInt32}, m.Limits())
 	require.Equal(t, btl.CapSend|btl.CapSendImmediate|btl.CapSendInPlace|btl.CapPut, m.Caps())
 	require.Equal(t, 100, m.Exclusivity())
 	require.Equal(t, "tcp", m.Name())
