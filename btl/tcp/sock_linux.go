@@ -66,11 +66,13 @@ func sysRead(fd int, p []byte) (int, error) {
 	if e != 0 {
 		return 0, e
 	}
+	raceRead(p, int(r))
 	return int(r), nil
 }
 
 // sysWritev writes part (at most iovMax slices) with one writev(2).
 func (s *sock) sysWritev(part [][]byte) (int, error) {
+	raceWrite(part)
 	total := 0
 	for i, b := range part {
 		s.wiov[i] = unix.Iovec{Base: unsafe.SliceData(b)}

@@ -77,20 +77,31 @@ func cma1(pid int, local []byte, addr uintptr, write bool) error {
 
 func cmaCall(pid int, l []unix.Iovec, r []unix.RemoteIovec, write bool) (int, error) {
 	for {
-		var n int
-		var err error
+		// A raw system call: the copy is the rank's work, and it keeps its
+		// processor meanwhile. Through the scheduler, a copy longer than
+		// 20 us had its P handed to another thread (the background
+		// poller), which then competed for a core with the peer's copy.
+		trap := uintptr(unix.SYS_PROCESS_VM_READV)
 		if write {
-			n, err = unix.ProcessVMWritev(pid, l, r, 0)
-		} else {
-			n, err = unix.ProcessVMReadv(pid, l, r, 0)
+			trap = unix.SYS_PROCESS_VM_WRITEV
 		}
-		if err == unix.EINTR {
+		var lp, rp unsafe.Pointer
+		if len(l) > 0 {
+			lp = unsafe.Pointer(&l[0])
+		}
+		if len(r) > 0 {
+			rp = unsafe.Pointer(&r[0])
+		}
+		n, _, e := unix.RawSyscall6(trap, uintptr(pid), uintptr(lp), uintptr(len(l)), uintptr(rp), uintptr(len(r)), 0)
+		runtime.KeepAlive(l)
+		runtime.KeepAlive(r)
+		if e == unix.EINTR {
 			continue
 		}
-		if err != nil {
-			return n, cmaErr(write, err)
+		if e != 0 {
+			return 0, cmaErr(write, e)
 		}
-		return n, nil
+		return int(n), nil
 	}
 }
 
