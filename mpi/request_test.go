@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -667,4 +668,72 @@ func nilRequest(t *testing.T) {
 	if err := r.Cancel(); err == nil {
 		t.Error("Cancel on a nil request succeeded")
 	}
+}
+
+// TestRequestSharedByGoroutines: the PML request behind a Request is
+// recycled once its result is taken; goroutines that wait on, test and
+// cancel one Request at the same time must all see its own status, and the
+// requests posted afterwards (reusing the recycled ones) their own data.
+func TestRequestSharedByGoroutines(t *testing.T) {
+	const rounds = 300
+	mustRun(t, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			for i := range rounds {
+				if err := w.Send([]int64{int64(i)}, 1, i%7); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		for i := range rounds {
+			got := make([]int64, 1)
+			r, err := w.Irecv(got, 0, i%7)
+			if err != nil {
+				return err
+			}
+			sts := make([]mpi.Status, 3)
+			errs := make([]error, 3)
+			var wg sync.WaitGroup
+			wg.Add(3)
+			go func() { defer wg.Done(); sts[0], errs[0] = r.Wait() }()
+			go func() {
+				defer wg.Done()
+				for {
+					st, done, err := r.Test()
+					if done || err != nil {
+						sts[1], errs[1] = st, err
+						return
+					}
+					runtime.Gosched()
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				_ = r.Cancel() // matched or about to: no effect on the status
+				sts[2], errs[2] = r.Wait()
+			}()
+			wg.Wait()
+			for k := range 3 {
+				if errs[k] != nil {
+					return fmt.Errorf("round %d caller %d: %v", i, k, errs[k])
+				}
+				if sts[k] != sts[0] {
+					return fmt.Errorf("round %d: caller %d saw %+v, caller 0 %+v", i, k, sts[k], sts[0])
+				}
+			}
+			if sts[0].Cancelled {
+				// Cancel won the race against the match: the message is
+				// still there for a new receive.
+				if _, err := w.Recv(got, 0, i%7); err != nil {
+					return err
+				}
+			} else if sts[0].Tag != i%7 || sts[0].Count != 8 {
+				return fmt.Errorf("round %d: status %+v", i, sts[0])
+			}
+			if got[0] != int64(i) {
+				return fmt.Errorf("round %d: received %d", i, got[0])
+			}
+		}
+		return nil
+	})
 }
