@@ -83,6 +83,9 @@ package path (built first). Flags after PROGRAM belong to the program.
       --oversubscribe         allow more ranks than CPUs without a notice
       --grace DURATION        time between failure notice, SIGTERM and SIGKILL (default 2s)
   -h, --help                  show this help
+
+Each rank gets GOMAXPROCS = gorun's GOMAXPROCS / N (at least 1), its share
+of the processors, unless GOMAXPROCS is set in the environment or with -x.
 `
 
 // transports are the transports whose limits the named size flags set.
