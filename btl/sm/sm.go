@@ -60,13 +60,16 @@ const (
 const have = btl.CapSend | btl.CapSendImmediate | btl.CapSendInPlace | btl.CapPut | btl.CapGet
 
 // Open MPI's vader defaults with a single-copy mechanism (notes A.9),
-// except the eager limit: 8k (vader: 4k, header included) sends 4 KiB
-// messages by copy in/out instead of a rendezvous with a CMA read, which
-// measured 1.5x the bandwidth and about 2/3 of the latency at 4 KiB on the
-// 2-core machine (docs/PERFORMANCE-sm.md).
+// except the eager limit: 16 KiB of payload plus 64 bytes of room for the
+// header (vader: 4k, header included). Copy in/out is faster than a
+// rendezvous with a CMA read up to there on the 2-core machine: 8k (the
+// first choice) against 16448, three alternated rounds of gompi-bench:
+// 8 KiB bw 6.4-7.0 -> 8.9-9.1 GB/s, 16 KiB 10.5-11.5 -> 12.3-12.8 GB/s,
+// 16 KiB latency 4.2-4.5 -> 3.6-3.8 us, 4 KiB unchanged
+// (docs/PERFORMANCE.md).
 var defaults = btl.Defaults{
 	Limits: btl.Limits{
-		EagerLimit:             8 << 10,
+		EagerLimit:             16<<10 + 64,
 		RndvEagerLimit:         32 << 10,
 		MaxSendSize:            32 << 10,
 		RDMAPipelineFragSize:   4 << 10,
