@@ -97,7 +97,7 @@ func init() {
 	btl.RegisterParams(Name, defaults)
 	params.Register(params.Def{Name: paramFboxThreshold, Kind: params.Int, Default: "16",
 		Help: "fragments sent to a peer through the FIFO before a fast box (per-pair ring) is set up for it"})
-	params.Register(params.Def{Name: paramFboxSize, Kind: params.Size, Default: "4k",
+	params.Register(params.Def{Name: paramFboxSize, Kind: params.Size, Default: "16k",
 		Help: "bytes of one fast box ring (power of two, 256 to 1m); fragments up to a quarter of it go inline"})
 	params.Register(params.Def{Name: paramFboxMax, Kind: params.Int, Default: "32",
 		Help: "most peers that may send to this process through a fast box (0 disables fast boxes)"})
