@@ -32,6 +32,7 @@ import (
 const (
 	tagData = 1
 	tagAck  = 2
+	tagWarm = 3
 )
 
 type config struct {
@@ -39,6 +40,7 @@ type config struct {
 	sizes      []int
 	iterations int // round trips (latency) or windows (bw) per batch; 0 = automatic
 	warmup     int
+	warmupTime time.Duration
 	batches    int
 	window     int
 	csv        bool
@@ -59,6 +61,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	sizes := fs.String("sizes", "0,8,64,512,4k,16k,64k,256k,1m,4m", "message sizes (suffixes k, m = powers of 1024)")
 	iters := fs.Int("iterations", 0, "round trips (latency) or windows (bw, bibw, rate) per batch; 0 = as the anchor (about 64 MiB per batch)")
 	warmup := fs.Int("warmup", 1, "unmeasured batches before measuring")
+	warmupTime := fs.Duration("warmup-time", 50*time.Millisecond, "unmeasured 8-byte ping-pong before the first size (a Go process runs slower for its first 10-20 ms)")
 	batches := fs.Int("batches", 21, "measured batches per size (the median is reported)")
 	window := fs.Int("window", 64, "messages in flight per window (bw, bibw, rate)")
 	protocol := fs.String("protocol", "", "force a protocol: eager, rdma_put, rdma_get, send_pipeline, rdma_pipeline")
@@ -86,7 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	cfg := config{mode: fs.Arg(0), iterations: *iters, warmup: *warmup, batches: max(1, *batches), window: max(1, *window),
+	cfg := config{mode: fs.Arg(0), iterations: *iters, warmup: *warmup, warmupTime: *warmupTime, batches: max(1, *batches), window: max(1, *window),
 		csv: *csv, idle: *idle, plot: *plot, overlay: *overlay, label: *label, out: stdout}
 	switch cfg.mode {
 	case "latency", "bw", "bibw", "rate", "idle":
@@ -159,6 +162,11 @@ func bench(w *mpi.Comm, cfg *config) error {
 		return idleCPU(w, cfg)
 	}
 	rank := w.Rank()
+	if rank <= 1 {
+		if err := warmUp(w, cfg.warmupTime); err != nil {
+			return err
+		}
+	}
 	unit := map[string]string{"latency": "latency_us", "bw": "bw_MBps", "bibw": "bibw_MBps", "rate": "msgs_per_s"}[cfg.mode]
 	var xs []int
 	var ys []float64
@@ -251,6 +259,42 @@ func measure(w *mpi.Comm, cfg *config, size int) (float64, error) {
 	}
 	sort.Float64s(vals)
 	return vals[len(vals)/2], nil
+}
+
+// warmUp runs an unmeasured 8-byte ping-pong between ranks 0 and 1 for d:
+// rank 0 decides when to stop and says so in the message. A new Go process
+// runs its first 10-20 ms measurably slower (sm 8 B latency 0.45 instead of
+// 0.32 us in the first one or two sizes of most runs, docs/PERFORMANCE.md),
+// which one warm-up batch per size does not cover.
+func warmUp(w *mpi.Comm, d time.Duration) error {
+	msg := make([]byte, 8)
+	var b any = msg
+	peer := 1 - w.Rank()
+	start := time.Now()
+	for {
+		if w.Rank() == 0 {
+			msg[0] = 0
+			if time.Since(start) < d {
+				msg[0] = 1
+			}
+			if err := w.Send(b, peer, tagWarm); err != nil {
+				return err
+			}
+			if _, err := w.Recv(b, peer, tagWarm); err != nil {
+				return err
+			}
+		} else {
+			if _, err := w.Recv(b, peer, tagWarm); err != nil {
+				return err
+			}
+			if err := w.Send(b, peer, tagWarm); err != nil {
+				return err
+			}
+		}
+		if msg[0] == 0 {
+			return nil
+		}
+	}
 }
 
 func peerBarrier(w *mpi.Comm) error {
