@@ -58,7 +58,10 @@ func cma1(pid int, local []byte, addr uintptr, write bool) error {
 	var riov [1]unix.RemoteIovec
 	done := 0
 	for done < len(local) {
-		b := local[done:]
+		// At most cmaChunk per call: the calls are raw (cmaCall), so a
+		// long one would hold this goroutine's P, and delay a garbage
+		// collection's stop-the-world, for its whole duration.
+		b := local[done:min(len(local), done+cmaChunk)]
 		liov[0].Base = &b[0]
 		liov[0].SetLen(len(b))
 		riov[0] = unix.RemoteIovec{Base: addr + uintptr(done), Len: len(b)}
@@ -74,6 +77,9 @@ func cma1(pid int, local []byte, addr uintptr, write bool) error {
 	}
 	return nil
 }
+
+// cmaChunk bounds one CMARead/CMAWrite system call (about 0.4 ms of copying).
+const cmaChunk = 4 << 20
 
 func cmaCall(pid int, l []unix.Iovec, r []unix.RemoteIovec, write bool) (int, error) {
 	for {
