@@ -71,12 +71,13 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 			e.lastComm = c // communicators never leave e.comms
 		}
 	}
-	sf := &e.scratch
-	*sf = f
 	if c == nil {
 		// The communicator does not exist here yet (a peer finished Dup
 		// first): keep the fragment until NewComm.
+		sf := &e.scratch
+		*sf = f
 		e.parked = append(e.parked, e.copyFrag(sf))
+		*sf = frag{}
 		e.mu.Unlock()
 		return
 	}
@@ -85,6 +86,23 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 		e.protocolError(ep, "source rank %d does not belong to rank %d in context %d", f.m.Src, ep.Peer(), f.m.Ctx)
 		return
 	}
+	if f.typ == hdr.TypeMatch {
+		// The common case, without the general path's copies of the
+		// fragment: eager data, in sequence with nothing waiting behind
+		// it, for a posted receive (not a probe).
+		ps := &c.seqs[f.m.Src]
+		if f.m.Seq == ps.expect && ps.ooo == nil {
+			if r := c.m.findPosted(int(f.m.Src), int(f.m.Tag)); r != nil && r.kind == kindRecv {
+				ps.expect++
+				c.m.unpost(r)
+				e.deliverEager(r, f.peer, int(f.m.Src), int(f.m.Tag), data)
+				e.mu.Unlock()
+				return
+			}
+		}
+	}
+	sf := &e.scratch
+	*sf = f
 	e.arrive(c, sf, false)
 	*sf = frag{}
 	start := len(e.toStart) > 0
@@ -160,6 +178,10 @@ func (e *Engine) match(c *Comm, f *frag, copied bool) {
 // deliver hands a matched message to receive r. Eager data is stored at
 // once; a rendezvous is queued to be started outside the lock. e.mu held.
 func (e *Engine) deliver(r *Request, f *frag) {
+	if f.typ == hdr.TypeMatch {
+		e.deliverEager(r, f.peer, int(f.m.Src), int(f.m.Tag), f.data)
+		return
+	}
 	r.msgLen = f.msgLen
 	r.peerWorld = f.peer.world
 	r.ep = f.peer.ep
@@ -168,12 +190,6 @@ func (e *Engine) deliver(r *Request, f *frag) {
 	r.stored = min(f.msgLen, capacity)
 	if e.countStats {
 		e.Stats.Recvd.Add(1)
-	}
-	if f.typ == hdr.TypeMatch {
-		e.unpack(r, 0, f.data)
-		r.received = f.msgLen
-		e.finishRecvLocked(r)
-		return
 	}
 	r.srcReq = f.srcReq
 	r.flags = f.m.Flags
@@ -197,6 +213,22 @@ func (e *Engine) deliver(r *Request, f *frag) {
 		r.flags &^= 0x80
 	}
 	e.toStart = append(e.toStart, r)
+}
+
+// deliverEager stores an eager message (a MATCH fragment's data) into
+// receive r and completes it. e.mu held.
+func (e *Engine) deliverEager(r *Request, p *peer, src, tag int, data []byte) {
+	r.msgLen = len(data)
+	r.peerWorld = p.world
+	r.ep = p.ep
+	r.status = Status{Source: src, Tag: tag}
+	r.stored = min(len(data), r.buf.Len())
+	if e.countStats {
+		e.Stats.Recvd.Add(1)
+	}
+	e.unpack(r, 0, data)
+	r.received = len(data)
+	e.finishRecvLocked(r)
 }
 
 // unpack stores data at message offset off of r, clipped to the buffer.
