@@ -93,7 +93,16 @@ func (r *Request) Wait() (Status, error) {
 		return r.st, r.err
 	}
 	r.c.in.engine.Wait(nil, pr)
+	r.wakeOthers(pr)
 	return r.finish(pr)
+}
+
+// wakeOthers passes the wake-up of pr on when another goroutine may be
+// parked on it too (one completion rings one waiter).
+func (r *Request) wakeOthers(pr *pml.Request) {
+	if r.users.Load() > 1 {
+		pr.Wake()
+	}
 }
 
 // WaitContext is Wait that gives up when ctx is done: it then returns
@@ -110,6 +119,7 @@ func (r *Request) WaitContext(ctx context.Context) (Status, error) {
 		r.users.Add(-1)
 		return Status{}, err
 	}
+	r.wakeOthers(pr)
 	return r.finish(pr)
 }
 

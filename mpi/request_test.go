@@ -737,3 +737,66 @@ func TestRequestSharedByGoroutines(t *testing.T) {
 		return nil
 	})
 }
+
+// TestRequestParkedWaiters: several goroutines parked in Wait or
+// WaitContext on one receive that matches only later all return with its
+// status (one wake-up must reach every waiter).
+func TestRequestParkedWaiters(t *testing.T) {
+	const rounds = 50
+	j := newJob()
+	maySend := make(chan struct{})
+	mustRunJob(t, j, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			for i := range rounds {
+				if err := j.wait(maySend); err != nil {
+					return err
+				}
+				if err := w.Send([]int64{int64(i)}, 1, 3); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		for i := range rounds {
+			got := make([]int64, 1)
+			r, err := w.Irecv(got, 0, 3)
+			if err != nil {
+				return err
+			}
+			const waiters = 3
+			sts := make([]mpi.Status, waiters)
+			errs := make([]error, waiters)
+			var started, wg sync.WaitGroup
+			started.Add(waiters)
+			wg.Add(waiters)
+			for k := range waiters {
+				go func() {
+					defer wg.Done()
+					started.Done()
+					if k == 2 {
+						sts[k], errs[k] = r.WaitContext(context.Background())
+						return
+					}
+					sts[k], errs[k] = r.Wait()
+				}()
+			}
+			started.Wait()
+			for range 100 { // let them reach Wait and park (not needed for correctness)
+				runtime.Gosched()
+			}
+			if err := j.signal(maySend); err != nil {
+				return err
+			}
+			wg.Wait()
+			for k := range waiters {
+				if errs[k] != nil || sts[k].Count != 8 || sts[k].Tag != 3 {
+					return fmt.Errorf("round %d waiter %d: %+v %v", i, k, sts[k], errs[k])
+				}
+			}
+			if got[0] != int64(i) {
+				return fmt.Errorf("round %d: received %d", i, got[0])
+			}
+		}
+		return nil
+	})
+}

@@ -483,9 +483,12 @@ func newReq(owned bool) *Request {
 	if owned {
 		r := reqPool.Get().(*Request)
 		r.owned = true
+		if r.own.ch == nil {
+			r.own.ch = make(chan struct{}, 1)
+		}
 		return r
 	}
-	return &Request{}
+	return &Request{own: waiter{ch: make(chan struct{}, 1)}}
 }
 
 // Recycle gives a completed request back to the pool. The caller must

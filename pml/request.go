@@ -148,16 +148,13 @@ func (e *Engine) Wait(ctx context.Context, r *Request) error {
 	if e.spinWait(func() bool { return r.Done() }) {
 		return nil
 	}
+	// Every Wait on r shares r.own (made with r), so goroutines waiting on
+	// one request at once (mpi.Request allows it) do not hide each other's
+	// waiter; the one woken passes the wake-up on (Wake). r.w stays set
+	// after the wait (reset clears it): clearing it here could hide the
+	// waiter of a goroutine still waiting. A token left in the channel
+	// only makes a later wait on r loop once more (it re-checks Done).
 	w := &r.own
-	if w.ch == nil {
-		w.ch = make(chan struct{}, 1)
-	}
-	defer func() {
-		r.w.Store(nil)
-		// A completer that loaded w just before may still ring it: the
-		// token stays behind, and a later wait on this (recycled)
-		// request only loops once more on it (it re-checks Done).
-	}()
 	r.w.Store(w)
 	var done <-chan struct{}
 	if ctx != nil {
@@ -190,6 +187,15 @@ func (e *Engine) Wait(ctx context.Context, r *Request) error {
 		}
 	}
 	return nil
+}
+
+// Wake rings r's waiter channel: a goroutine that returned from Wait calls
+// it when others may still be parked on the same request.
+func (r *Request) Wake() {
+	select {
+	case r.own.ch <- struct{}{}:
+	default:
+	}
 }
 
 // WaitAny blocks until one of reqs (nil entries skipped) is done and
