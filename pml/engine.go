@@ -67,7 +67,7 @@ type Engine struct {
 	size     int
 	peers    []atomic.Pointer[peer] // by world rank; replaced only under mu
 	comms    map[uint32]*Comm
-	lastComm *Comm // the communicator of the last matching fragment (a one-entry cache of comms)
+	lastComm *Comm   // the communicator of the last matching fragment (a one-entry cache of comms)
 	parked   []*frag // matching fragments of communicators not created yet
 	reqs     map[uint64]*Request
 	nextID   uint64
