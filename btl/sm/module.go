@@ -65,6 +65,7 @@ type Module struct {
 
 	pendMu   sync.Mutex
 	pendEps  []*endpoint // guarded by pendMu: endpoints with queued sends
+	drainEps []*endpoint // drainAll's copy of pendEps (under the poll lock)
 	pendingN atomic.Int32
 
 	lifeMu sync.RWMutex   // read-held by Block while it touches own segment; Close write-locks

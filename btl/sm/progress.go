@@ -202,8 +202,9 @@ func (m *Module) dropRx(p *peer) {
 // drainAll posts queued sends of every endpoint that has some.
 func (m *Module) drainAll() int {
 	m.pendMu.Lock()
-	eps := slices.Clone(m.pendEps)
+	eps := append(m.drainEps[:0], m.pendEps...) // no allocation: drainAll runs under the poll lock
 	m.pendMu.Unlock()
+	defer func() { clear(eps); m.drainEps = eps[:0] }()
 	n := 0
 	for _, e := range eps {
 		e.mu.Lock()
