@@ -84,30 +84,14 @@ func (r *Request) finish(pr *pml.Request) (Status, error) {
 }
 
 // Wait blocks until the request completes and returns its status.
-func (r *Request) Wait() (Status, error) {
-	if r == nil {
-		return Status{}, mpierr.Errorf(mpierr.ErrArg, "nil request")
-	}
-	pr := r.acquire()
-	if pr == nil {
-		return r.st, r.err
-	}
-	r.c.in.engine.Wait(nil, pr)
-	r.wakeOthers(pr)
-	return r.finish(pr)
-}
-
-// wakeOthers passes the wake-up of pr on when another goroutine may be
-// parked on it too (one completion rings one waiter).
-func (r *Request) wakeOthers(pr *pml.Request) {
-	if r.users.Load() > 1 {
-		pr.Wake()
-	}
-}
+func (r *Request) Wait() (Status, error) { return r.wait(nil) }
 
 // WaitContext is Wait that gives up when ctx is done: it then returns
 // ctx.Err() and the request stays valid (wait again, or Cancel it).
-func (r *Request) WaitContext(ctx context.Context) (Status, error) {
+func (r *Request) WaitContext(ctx context.Context) (Status, error) { return r.wait(ctx) }
+
+// wait is Wait (ctx nil) and WaitContext.
+func (r *Request) wait(ctx context.Context) (Status, error) {
 	if r == nil {
 		return Status{}, mpierr.Errorf(mpierr.ErrArg, "nil request")
 	}
@@ -119,7 +103,11 @@ func (r *Request) WaitContext(ctx context.Context) (Status, error) {
 		r.users.Add(-1)
 		return Status{}, err
 	}
-	r.wakeOthers(pr)
+	// One completion rings one parked waiter: pass it on when another
+	// goroutine may be parked on pr too.
+	if r.users.Load() > 1 {
+		pr.Wake()
+	}
 	return r.finish(pr)
 }
 

@@ -477,38 +477,38 @@ func (c *Comm) commRank(world int) (int, bool) {
 
 // ---- requests ----
 
-var reqPool = sync.Pool{New: func() any { return new(Request) }}
+var reqPool = sync.Pool{New: func() any { return allocReq() }}
+
+// allocReq makes a request with its waiter channel (which every Wait on it
+// shares; reset keeps it).
+func allocReq() *Request { return &Request{own: waiter{ch: make(chan struct{}, 1)}} }
 
 func newReq(owned bool) *Request {
-	if owned {
-		r := reqPool.Get().(*Request)
-		r.owned = true
-		if r.own.ch == nil {
-			r.own.ch = make(chan struct{}, 1)
-		}
-		return r
+	if !owned {
+		return allocReq()
 	}
-	return &Request{own: waiter{ch: make(chan struct{}, 1)}}
+	r := reqPool.Get().(*Request)
+	r.owned = true
+	return r
 }
 
 // Recycle gives a completed request back to the pool. The caller must
-// have seen it Done and must not touch it again. Requests that the engine
-// may still reference after completion are left to the garbage collector:
-// one that went through a rendezvous (a scheduler loop or a transport
-// callback on another goroutine may still hold it) and a buffered send
-// (it completes before its fragment has left).
+// have seen it Done and must not touch it again.
 func Recycle(r *Request) { recycle(r) }
 
+// recycle gives r back to the pool once it is done.
 func recycle(r *Request) {
-	if !r.owned || r.id != 0 || r.release != nil || !r.Done() {
-		return
+	if r.Done() {
+		recycleUnstarted(r)
 	}
-	r.reset()
-	reqPool.Put(r)
 }
 
-// recycleUnstarted gives back a pooled request that failed to start
-// (nothing references it).
+// recycleUnstarted gives back a pooled request that the engine no longer
+// references: done, or never started. Requests the engine may still
+// reference after completion are left to the garbage collector: one that
+// went through a rendezvous (a scheduler loop or a transport callback on
+// another goroutine may still hold it) and a buffered send (it completes
+// before its fragment has left).
 func recycleUnstarted(r *Request) {
 	if r.owned && r.id == 0 && r.release == nil {
 		r.reset()

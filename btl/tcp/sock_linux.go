@@ -15,16 +15,6 @@ import (
 // longer list is written in several calls).
 const iovMax = 64
 
-// Reads and writevs are raw system calls, without telling the scheduler:
-// the descriptor is non-blocking, so they return as soon as the kernel has
-// copied what fits, and the copy is this rank's work anyway. Through the
-// scheduler, a call longer than 20 us (a 4 MiB write into loopback) had its
-// P handed to another thread, which then competed for a core with the peer
-// (4 MiB bw 4.7 -> 6.3-6.6 GB/s, 1 MiB 5.4 -> 7.1 GB/s with raw calls; three
-// alternated runs); a short call saves entersyscall/exitsyscall, much of
-// what a poll that finds nothing costs. poll(2), which sleeps, still goes
-// through the scheduler.
-
 // canPoll: reads never block, so Module.Progress may read the socket.
 const canPoll = true
 
@@ -55,7 +45,16 @@ type sock struct {
 	wiov [iovMax]unix.Iovec // writev's vector (write-side owner)
 }
 
-// sysRead is read(2) into p (len(p) > 0).
+// sysRead is read(2) into p (len(p) > 0). It and sysWritev are raw system
+// calls, without telling the scheduler: the descriptor is non-blocking, so
+// they return as soon as the kernel has copied what fits, and the copy is
+// this rank's work anyway. Through the scheduler, a call longer than 20 us
+// (a 4 MiB write into loopback) had its P handed to another thread, which
+// then competed for a core with the peer (4 MiB bw 4.7 -> 6.3-6.6 GB/s,
+// 1 MiB 5.4 -> 7.1 GB/s with raw calls, three alternated runs of
+// gompi-bench bw; docs/PERFORMANCE.md); a short call saves
+// entersyscall/exitsyscall. poll(2), which sleeps, still goes through the
+// scheduler.
 func sysRead(fd int, p []byte) (int, error) {
 	// (The pointer conversion stays inside the call: unsafe.Pointer rule 4.)
 	r, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))

@@ -58,8 +58,9 @@ var defaults = btl.Defaults{
 		// only to transports that register memory (btl_register_mem set,
 		// pml_ob1_rdma.c): tcp has none, so every contiguous rendezvous
 		// goes as one emulated PUT. The same here: 256 KiB ping-pong
-		// 62 -> 43 us, bandwidth 2.7 -> 5.6 GB/s (three alternated runs,
-		// docs/PERFORMANCE-tcp.md); 1-4 MiB unchanged or better.
+		// 62 -> 40-48 us, bandwidth 2.6-2.9 -> 5.5-5.8 GB/s (forced
+		// rdma_put against the default, three alternated runs of
+		// gompi-bench; docs/PERFORMANCE.md); 1-4 MiB unchanged or better.
 		MinRDMAPipelineSize: math.MaxInt32,
 	},
 	Caps:        btl.CapSend | btl.CapSendImmediate | btl.CapSendInPlace | btl.CapPut,

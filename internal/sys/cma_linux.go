@@ -91,16 +91,10 @@ func cmaCall(pid int, l []unix.Iovec, r []unix.RemoteIovec, write bool) (int, er
 		if write {
 			trap = unix.SYS_PROCESS_VM_WRITEV
 		}
-		var lp, rp unsafe.Pointer
-		if len(l) > 0 {
-			lp = unsafe.Pointer(&l[0])
-		}
-		if len(r) > 0 {
-			rp = unsafe.Pointer(&r[0])
-		}
-		n, _, e := unix.RawSyscall6(trap, uintptr(pid), uintptr(lp), uintptr(len(l)), uintptr(rp), uintptr(len(r)), 0)
-		runtime.KeepAlive(l)
-		runtime.KeepAlive(r)
+		// (The pointer conversions stay inside the call: unsafe.Pointer rule 4.)
+		n, _, e := unix.RawSyscall6(trap, uintptr(pid),
+			uintptr(unsafe.Pointer(unsafe.SliceData(l))), uintptr(len(l)),
+			uintptr(unsafe.Pointer(unsafe.SliceData(r))), uintptr(len(r)), 0)
 		if e == unix.EINTR {
 			continue
 		}
