@@ -197,9 +197,12 @@ func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
 	if dest == ProcNull {
 		return doneRequest(c, Status{Source: ProcNull, Tag: tag}), nil
 	}
-	r, err := c.pc.Isend(b, dest, tag, mode, nil)
+	r, err := c.pc.IsendNow(b, dest, tag, mode)
 	if err != nil {
 		return nil, err
+	}
+	if r == nil { // sent at once
+		return doneRequest(c, Status{Source: dest, Tag: tag, Count: b.Len()}), nil
 	}
 	return newRequest(c, r), nil
 }

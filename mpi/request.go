@@ -38,6 +38,9 @@ func doneRequest(c *Comm, st Status) *Request { return &Request{c: c, st: st} }
 // acquire returns the PML request with a use count held (release it with
 // r.users.Add(-1)), or nil when the result is already here.
 func (r *Request) acquire() *pml.Request {
+	if r.p.Load() == nil { // p never becomes non-nil again: no count needed
+		return nil
+	}
 	r.users.Add(1)
 	pr := r.p.Load()
 	if pr == nil {

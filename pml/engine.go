@@ -125,6 +125,8 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Oversubscribed {
 		e.spin = 0
 	}
+	e.poll.starts = e.runStarts
+	e.poll.kick = make(chan struct{}, 1)
 	if e.logf == nil {
 		e.logf = func(string, ...any) {}
 	}

@@ -19,6 +19,32 @@ type pollers struct {
 	// spinners counts goroutines in spinWait polling the transports: the
 	// background goroutine naps while there are any.
 	spinners atomic.Int32
+	// starts runs the engine's deferred rendezvous starts; pending says
+	// there are some (set with the engine lock held, after queueing them).
+	// kick wakes the background goroutine for them.
+	starts  func()
+	pending atomic.Bool
+	kick    chan struct{}
+}
+
+// defer notes that starts are waiting for the next progress call and
+// wakes the background goroutine, which makes that call when the
+// application makes none.
+func (ps *pollers) deferStarts() {
+	ps.pending.Store(true)
+	select {
+	case ps.kick <- struct{}{}:
+	default:
+	}
+}
+
+// runDeferred runs the deferred starts, if any; true if it did.
+func (ps *pollers) runDeferred() bool {
+	if !ps.pending.Load() || !ps.pending.CompareAndSwap(true, false) {
+		return false
+	}
+	ps.starts()
+	return true
 }
 
 // bgNap is how long the background goroutine sleeps, without telling the
@@ -64,6 +90,9 @@ func (ps *pollers) progress() int {
 			p.mu.Unlock()
 		}
 	}
+	if ps.runDeferred() {
+		n++
+	}
 	return n
 }
 
@@ -76,6 +105,9 @@ func (ps *pollers) block(wake <-chan struct{}, done <-chan struct{}) {
 			return
 		default:
 		}
+	}
+	if ps.runDeferred() {
+		return // it may have completed what the caller waits for
 	}
 	// While a waiter watches the transport in Block, the background
 	// goroutine naps instead of watching too: a second watcher takes a
@@ -130,7 +162,7 @@ func (ps *pollers) start() {
 			if idle++; idle < 4 {
 				continue
 			}
-			ps.list[0].p.Block(ps.stop)
+			ps.list[0].p.Block(ps.kick) // close also rings kick
 			idle = 0
 		}
 	}()
@@ -139,6 +171,10 @@ func (ps *pollers) start() {
 func (ps *pollers) close() {
 	if ps.stop != nil {
 		close(ps.stop)
+		select {
+		case ps.kick <- struct{}{}:
+		default:
+		}
 		ps.wg.Wait()
 		ps.stop = nil
 	}

@@ -594,6 +594,16 @@ func (c *Comm) postRecv(r *Request, buf Buffer, src, tag int, kind reqKind) erro
 		c.m.post(r)
 	}
 	start := len(e.toStart) > 0
+	if start && e.poll.active() {
+		// A rendezvous matched at post time starts at the next progress
+		// call (the Wait that follows, or the background goroutine), not
+		// here: an RDMA get of a large message would hold up the caller's
+		// next calls, e.g. the Isends of a window posted after its Irecvs,
+		// and with them the peer's copies, which then run after this
+		// rank's instead of beside them (bidirectional bandwidth).
+		e.poll.deferStarts()
+		start = false
+	}
 	e.mu.Unlock()
 	if start {
 		e.runStarts()

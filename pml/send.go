@@ -61,17 +61,43 @@ func (c *Comm) target(dest int) (*peer, error) {
 // trySendNow sends a small standard-mode message without a request when
 // the transport takes it at once. done reports whether it was sent.
 func (c *Comm) trySendNow(buf Buffer, dest, tag int, mode Mode) (bool, error) {
+	r, done, err := c.sendNow(buf, dest, tag, mode)
+	if r != nil {
+		c.e.Wait(nil, r)
+		err = r.err
+		recycle(r)
+	}
+	return done, err
+}
+
+// IsendNow is Isend (without a release) that sends a small message at once
+// when it can: it then returns a nil request and the send is complete
+// (ob1's isend tries the transport's immediate send the same way, before
+// it allocates a request). Otherwise it returns the request in flight.
+func (c *Comm) IsendNow(buf Buffer, dest, tag int, mode Mode) (*Request, error) {
+	r, done, err := c.sendNow(buf, dest, tag, mode)
+	if err != nil || done {
+		return r, err
+	}
+	return c.Isend(buf, dest, tag, mode, nil)
+}
+
+// sendNow is the eager fast path of Send and IsendNow. done reports that
+// it took the message: then either it is gone (r nil) or it went to the
+// transport from the user's buffer under r (r must be waited on and
+// recycled). done false: the general path must carry it; nothing changed.
+func (c *Comm) sendNow(buf Buffer, dest, tag int, mode Mode) (r *Request, done bool, err error) {
 	if mode == Synchronous || mode == Buffered || buf.Conv != nil {
-		return false, nil
+		return nil, false, nil
 	}
 	p, err := c.target(dest)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	e := c.e
 	proto := Select(SendInfo{Mode: mode, Size: len(buf.Bytes), Contiguous: true, Caps: p.caps, Limits: p.lim, LeavePinned: e.leavePinned, Force: e.force})
 	if !proto.Eager() || proto == EagerAllocated {
-		return false, nil
+		return nil, false, nil
 	}
 	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
 	m := hdr.Match{Seq: uint16(c.seqs[dest].send.Add(1) - 1), Ctx: c.ctx, Src: int32(c.rank), Tag: int32(tag)}
@@ -81,21 +107,24 @@ func (c *Comm) trySendNow(buf Buffer, dest, tag int, mode Mode) (bool, error) {
 		if err == nil {
 			hdrPool.Put(hb)
 			e.count(EagerImmediate, len(buf.Bytes))
-			return true, nil
+			return nil, true, nil
 		}
 	}
-	// Prepared: from the user buffer; a blocking send may wait for it.
-	r := newReq(true)
+	// Prepared: from the user buffer (the sequence number is taken).
+	r = newReq(true)
 	r.kind, r.comm, r.peer, r.tag, r.buf, r.mode, r.proto = kindSend, c, dest, tag, buf, mode, EagerPrepared
 	r.msgLen, r.peerWorld, r.ep = len(buf.Bytes), p.world, p.ep
-	done, err := c.sendEager(r, p, hb[:n])
+	e.count(EagerPrepared, len(buf.Bytes))
+	sent, err := c.sendEager(r, p, hb[:n])
 	hdrPool.Put(hb)
-	if err == nil && !done {
-		e.Wait(nil, r)
-		err = r.err
+	if err != nil {
+		recycle(r)
+		return nil, true, err
 	}
-	recycle(r)
-	return true, err
+	if sent {
+		e.finishSend(r, nil)
+	}
+	return r, true, nil
 }
 
 func (e *Engine) count(p Protocol, n int) {

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"strings"
@@ -74,6 +75,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	idle := fs.Duration("idle-time", 2*time.Second, "idle mode: how long rank 1 sleeps before it sends")
 	inproc := fs.Bool("inprocess", false, "run two goroutine ranks over the self transport instead of under gorun")
 	cpuprof := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE.rank<N> (N = GOMPI_RANK, 0 outside gorun)")
+	memprof := fs.String("memprofile", "", "write an allocation profile (every allocation sampled) to FILE.rank<N>")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: gompi-bench latency|bw|bibw|rate|idle [flags]   (under gorun -np 2, or with --inprocess)")
 		fs.PrintDefaults()
@@ -133,6 +135,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memprof != "" {
+		runtime.MemProfileRate = 1
+		defer func() {
+			rank := os.Getenv("GOMPI_RANK")
+			if rank == "" {
+				rank = "0"
+			}
+			f, err := os.Create(*memprof + ".rank" + rank)
+			if err == nil {
+				err = pprof.Lookup("allocs").WriteTo(f, 0)
+				f.Close()
+			}
+			if err != nil {
+				fmt.Fprintf(stderr, "gompi-bench: --memprofile: %v\n", err)
+			}
+		}()
 	}
 	var err error
 	if *inproc {

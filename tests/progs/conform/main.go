@@ -94,10 +94,63 @@ func waitContext(w *mpi.Comm) error {
 	return nil
 }
 
+// asyncProgress: a large message from the last rank, already waiting at
+// rank 0 (Probe), is received with Irecv, and rank 0 then makes no MPI call
+// for half a second. The sender's blocking Send must still complete within
+// that time (the library progresses by itself), which the sender shows by
+// sending the time its Send returned.
+func asyncProgress(w *mpi.Comm) error {
+	const size, tag, tagTime = 1 << 20, 4400, 4401
+	const quiet = 500 * time.Millisecond
+	last := w.Size() - 1
+	switch w.Rank() {
+	case last:
+		if err := w.Send(pattern(size, 99), 0, tag); err != nil {
+			return err
+		}
+		t, _ := time.Now().MarshalBinary()
+		return w.Send(t, 0, tagTime)
+	case 0:
+		if _, err := w.Probe(last, tag); err != nil {
+			return err
+		}
+		buf := make([]byte, size)
+		r, err := w.Irecv(buf, last, tag)
+		if err != nil {
+			return err
+		}
+		time.Sleep(quiet) // no MPI call meanwhile
+		quietEnd := time.Now()
+		tb := make([]byte, 64)
+		st, err := w.Recv(tb, last, tagTime)
+		if err != nil {
+			return err
+		}
+		var sent time.Time
+		if err := sent.UnmarshalBinary(tb[:st.Count]); err != nil {
+			return err
+		}
+		if _, err := r.Wait(); err != nil {
+			return err
+		}
+		if !bytes.Equal(buf, pattern(size, 99)) {
+			return fmt.Errorf("asynchronous progress: wrong data")
+		}
+		if !sent.Before(quietEnd) {
+			return fmt.Errorf("asynchronous progress: the sender's Send returned %v after rank 0 stopped calling MPI, only %v after rank 0 called MPI again",
+				sent.Sub(quietEnd.Add(-quiet)), sent.Sub(quietEnd))
+		}
+	}
+	return nil
+}
+
 func run(w *mpi.Comm) error {
 	me, n := w.Rank(), w.Size()
 	if n > 1 {
 		if err := waitContext(w); err != nil {
+			return err
+		}
+		if err := asyncProgress(w); err != nil {
 			return err
 		}
 	}
