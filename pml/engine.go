@@ -57,7 +57,17 @@ type peer struct {
 	ep     btl.Endpoint
 	caps   btl.Caps
 	lim    btl.Limits
+	immMax int   // largest standard-mode payload Select sends EagerImmediate (-1: none)
 	failed error // guarded by Engine.mu
+}
+
+func newPeer(world int, ep btl.Endpoint) *peer {
+	m := ep.Module()
+	p := &peer{world: world, ep: ep, caps: m.Caps(), lim: m.Limits(), immMax: -1}
+	if p.caps&btl.CapSendImmediate != 0 {
+		p.immMax = min(ImmediateMax, EagerMax(p.lim))
+	}
+	return p
 }
 
 // Engine is one process instance's PML.
@@ -155,8 +165,7 @@ func (e *Engine) SetPeer(r int, eps []btl.Endpoint) error {
 	if best == nil {
 		return fmt.Errorf("no transport reaches rank %d: %w", r, btl.ErrUnreachable)
 	}
-	m := best.Module()
-	np := &peer{world: r, ep: best, caps: m.Caps(), lim: m.Limits()}
+	np := newPeer(r, best)
 	e.mu.Lock()
 	if old := e.peers[r].Load(); old != nil {
 		np.failed = old.failed // a failure noticed before: it stands
@@ -183,8 +192,7 @@ func (e *Engine) peerOf(ep btl.Endpoint) *peer {
 	defer e.mu.Unlock()
 	p := e.peers[r].Load()
 	if p == nil || p.ep == nil {
-		m := ep.Module()
-		np := &peer{world: r, ep: ep, caps: m.Caps(), lim: m.Limits()}
+		np := newPeer(r, ep)
 		if p != nil {
 			np.failed = p.failed
 		}

@@ -95,9 +95,12 @@ func (c *Comm) sendNow(buf Buffer, dest, tag int, mode Mode) (r *Request, done b
 		return nil, false, err
 	}
 	e := c.e
-	proto := Select(SendInfo{Mode: mode, Size: len(buf.Bytes), Contiguous: true, Caps: p.caps, Limits: p.lim, LeavePinned: e.leavePinned, Force: e.force})
-	if !proto.Eager() || proto == EagerAllocated {
-		return nil, false, nil
+	proto := EagerImmediate // what Select answers here (select_test checks peer.immMax)
+	if e.force != ForceNone || len(buf.Bytes) > p.immMax {
+		proto = Select(SendInfo{Mode: mode, Size: len(buf.Bytes), Contiguous: true, Caps: p.caps, Limits: p.lim, LeavePinned: e.leavePinned, Force: e.force})
+		if !proto.Eager() || proto == EagerAllocated {
+			return nil, false, nil
+		}
 	}
 	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
 	m := hdr.Match{Seq: uint16(c.seqs[dest].send.Add(1) - 1), Ctx: c.ctx, Src: int32(c.rank), Tag: int32(tag)}
