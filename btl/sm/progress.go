@@ -398,6 +398,11 @@ func (m *Module) wakeHelper(wake <-chan struct{}, stop <-chan struct{}, woken *a
 	}
 }
 
+// NapInBackground tells the PML's background progress goroutine to poll
+// after timed naps instead of sleeping in Block: Block's futex sleep holds
+// the process's processor (see pml.BackgroundNapper).
+func (m *Module) NapInBackground() bool { return true }
+
 // ConcurrentProgress reports that Progress may be called from several
 // goroutines at once (one polls, the others return 0): the PML needs no
 // lock of its own around it.
