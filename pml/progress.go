@@ -170,6 +170,8 @@ func (ps *pollers) start() {
 				select {
 				case <-ps.stop:
 					return
+				case <-ps.kick: // deferred starts: a waiter asleep in Block does not see them
+					ps.runDeferred()
 				case <-t.C:
 				}
 				idle = 0
