@@ -552,15 +552,48 @@ func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
 
 // Recv is a blocking receive; it allocates nothing for an eager message.
 func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
-	r := newReq(true)
+	e := c.e
+	r := e.takeSpare()
 	if err := c.postRecv(r, buf, src, tag, kindRecv); err != nil {
 		recycleUnstarted(r)
 		return Status{}, err
 	}
-	c.e.Wait(nil, r)
+	e.Wait(nil, r)
 	st, err := r.status, r.err
-	recycle(r)
+	e.putSpare(r)
 	return st, err
+}
+
+// takeSpare returns a clean pooled request, preferring the engine's spare:
+// the request of the last blocking receive, put aside uncleaned so that
+// the cleaning happens here, when the next receive is posted (while the
+// peer is busy with the message this rank just sent), and not between a
+// receive's completion and the caller's next send.
+func (e *Engine) takeSpare() *Request {
+	if !e.poll.active() {
+		// In-process ranks run both sides on one processor in turn:
+		// nothing is gained by moving the cleaning, and the pool is cheaper.
+		return newReq(true)
+	}
+	if r := e.spare.Swap(nil); r != nil {
+		r.reset()
+		return r
+	}
+	return newReq(true)
+}
+
+// putSpare puts a finished blocking receive's request aside for the next
+// takeSpare, dropping its reference to the user's buffer at once; a
+// request the engine may still reference goes the way of recycle.
+func (e *Engine) putSpare(r *Request) {
+	if !e.poll.active() || !r.Done() || !r.owned || r.id != 0 || r.release != nil {
+		recycle(r)
+		return
+	}
+	r.buf = Buffer{}
+	if old := e.spare.Swap(r); old != nil {
+		recycleUnstarted(old)
+	}
 }
 
 func (c *Comm) postRecv(r *Request, buf Buffer, src, tag int, kind reqKind) error {
