@@ -59,7 +59,13 @@ func (m *Module) progress() int {
 			n += m.pollBox(b, pollBudget)
 		}
 	}
-	n += m.pollFifo()
+	// The FIFO (peers without a fast box to us yet) is looked at when the
+	// boxes had nothing, and on every 8th call regardless: a call that
+	// just delivered from a box returns sooner to the waiter it may have
+	// completed (sm 8 B ping-pong 0.320 -> 0.312 us).
+	if n == 0 || c&7 == 0 {
+		n += m.pollFifo()
+	}
 	if m.pendingN.Load() > 0 {
 		n += m.drainAll()
 	}
