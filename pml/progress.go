@@ -29,7 +29,7 @@ type pollers struct {
 	napper bool
 }
 
-// defer notes that starts are waiting for the next progress call and
+// deferStarts notes that starts are waiting for the next progress call and
 // wakes the background goroutine, which makes that call when the
 // application makes none.
 func (ps *pollers) deferStarts() {
