@@ -195,31 +195,49 @@ func (c *Comm) startSend(r *Request, buf Buffer, dest, tag int, mode Mode, relea
 		return nil
 	}
 
+	// Everything the engine reads under its lock is set before the request
+	// becomes findable (another goroutine may fail it at once: Abort, a
+	// peer's death).
+	var handle []byte
+	if proto == RDMADirectGet {
+		if reg, err := p.ep.Module().Register(buf.Bytes, btl.AccessRemoteRead); err == nil {
+			r.reg, handle = reg, reg.Handle()
+		} else {
+			// Registration failed: fall back to a plain rendezvous.
+			r.proto, proto = SendPipeline, SendPipeline
+		}
+	}
 	// Rendezvous: the request must be findable before the peer can answer.
+	// An Abort or the peer's failure since target() looked would not see
+	// it: check again under the lock.
 	e.mu.Lock()
+	if err := e.closed; err != nil || p.failed != nil {
+		if err == nil {
+			err = p.failed
+		}
+		e.mu.Unlock()
+		if r.reg != nil {
+			r.reg.Release()
+			r.reg = nil
+		}
+		return err
+	}
 	r.id = e.nextID
 	e.nextID++
 	e.reqs[r.id] = r
-	e.mu.Unlock()
 	if mode == Buffered && release != nil {
 		// The data lives in the attached buffer now: complete at MPI level.
 		r.mpiDone = true
 		r.complete(Status{Source: dest, Tag: tag, Count: size}, nil)
 	}
+	e.mu.Unlock()
 
 	switch proto {
 	case RDMADirectGet:
-		reg, err := p.ep.Module().Register(buf.Bytes, btl.AccessRemoteRead)
-		if err == nil {
-			r.reg = reg
-			h := hdr.Rget{Match: m, MsgLen: uint64(size), SrcReq: r.id, Handle: reg.Handle()}
-			h.Flags = hdr.FlagContig
-			n := h.Encode(hb[:])
-			return e.sendCtl(r, p.ep, hdr.TypeRget, hb[:n])
-		}
-		// Registration failed: fall back to a plain rendezvous.
-		r.proto = SendPipeline
-		proto = SendPipeline
+		h := hdr.Rget{Match: m, MsgLen: uint64(size), SrcReq: r.id, Handle: handle}
+		h.Flags = hdr.FlagContig
+		n := h.Encode(hb[:])
+		return e.sendCtl(r, p.ep, hdr.TypeRget, hb[:n])
 	case RDMADirectPut:
 		h := hdr.Rndv{Match: m, MsgLen: uint64(size), SrcReq: r.id}
 		h.Flags = hdr.FlagContig | hdr.FlagPin
