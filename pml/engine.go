@@ -521,10 +521,14 @@ func recycle(r *Request) {
 // another goroutine may still hold it) and a buffered send (it completes
 // before its fragment has left).
 func recycleUnstarted(r *Request) {
-	if r.owned && r.id == 0 && r.release == nil {
+	if r.poolable() {
 		r.reset()
 		reqPool.Put(r)
 	}
 }
+
+// poolable: r came from the pool and the engine keeps no reference to it
+// once it is done (no rendezvous id, no buffered-send release).
+func (r *Request) poolable() bool { return r.owned && r.id == 0 && r.release == nil }
 
 var hdrPool = sync.Pool{New: func() any { return new([hdr.MaxLen]byte) }}

@@ -67,8 +67,9 @@ const bgNapMax = 8 * time.Millisecond
 // ping-pong's waiter, preempted) then waits for the runtime's monitor to
 // take the processor back, up to 10 ms, and the monitor then polls every
 // 20 us for a while, taking the core from the spinning ranks (sm 8 B
-// ping-pong: stretches at 0.44-0.50 us instead of 0.31-0.33 us). Waiters
-// still block in the transport.
+// ping-pong: stretches at 0.44-0.50 us instead of 0.31-0.33 us; measured
+// as docs/PERFORMANCE.md, "Third session", item 4, says). Waiters still
+// block in the transport.
 type BackgroundNapper interface {
 	btl.Poller
 	NapInBackground() bool
@@ -154,6 +155,19 @@ func (ps *pollers) start() {
 		defer ps.wg.Done()
 		t := time.NewTimer(bgNap)
 		defer t.Stop()
+		// sleep naps for *d, then doubles *d (up to bgNapMax); the kick
+		// (deferred starts, close) ends it early. False: the engine closed.
+		sleep := func(d *time.Duration) bool {
+			t.Reset(*d)
+			*d = min(2**d, bgNapMax)
+			select {
+			case <-ps.stop:
+				return false
+			case <-ps.kick:
+			case <-t.C:
+			}
+			return true
+		}
 		idle := 0
 		nap, idleNap := bgNap, bgNap
 		for {
@@ -163,17 +177,13 @@ func (ps *pollers) start() {
 			default:
 			}
 			if ps.spinners.Load() > 0 {
-				// Naps lengthen while waiters stay (up to bgNapMax): a
-				// rank blocked for long stays nearly idle.
-				t.Reset(nap)
-				nap = min(2*nap, bgNapMax)
-				select {
-				case <-ps.stop:
+				// Naps lengthen while waiters stay: a rank blocked for
+				// long stays nearly idle. Deferred starts run here: a
+				// waiter asleep in Block does not see them.
+				if !sleep(&nap) {
 					return
-				case <-ps.kick: // deferred starts: a waiter asleep in Block does not see them
-					ps.runDeferred()
-				case <-t.C:
 				}
+				ps.runDeferred()
 				idle = 0
 				continue
 			}
@@ -191,15 +201,9 @@ func (ps *pollers) start() {
 				ps.list[0].p.Block(ps.kick) // close also rings kick
 				continue
 			}
-			// Nap on a timer, lengthening while nothing comes (up to
-			// bgNapMax); the kick (deferred starts, close) ends it early.
-			t.Reset(idleNap)
-			idleNap = min(2*idleNap, bgNapMax)
-			select {
-			case <-ps.stop:
+			// Nap on a timer, lengthening while nothing comes.
+			if !sleep(&idleNap) {
 				return
-			case <-ps.kick:
-			case <-t.C:
 			}
 		}
 	}()

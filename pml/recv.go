@@ -586,7 +586,7 @@ func (e *Engine) takeSpare() *Request {
 // takeSpare, dropping its reference to the user's buffer at once; a
 // request the engine may still reference goes the way of recycle.
 func (e *Engine) putSpare(r *Request) {
-	if !e.poll.active() || !r.Done() || !r.owned || r.id != 0 || r.release != nil {
+	if !e.poll.active() || !r.Done() || !r.poolable() {
 		recycle(r)
 		return
 	}

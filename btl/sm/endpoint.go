@@ -187,15 +187,11 @@ func (e *endpoint) queueCopy(tag btl.Tag, hdr, data []byte, cb btl.Completion) b
 	if k == 0 || e.pending[k-1].frag < 0 {
 		return false
 	}
-	idx, payload, ok := e.m.pool.get(len(hdr) + len(data))
-	if !ok {
-		return false
+	idx, ok := e.copyToFrag(tag, hdr, data)
+	if ok {
+		e.queue(pendingSend{frag: idx, tag: tag, cb: cb})
 	}
-	copy(payload, hdr)
-	copy(payload[len(hdr):], data)
-	e.fill(idx, tag, len(hdr), len(hdr)+len(data))
-	e.queue(pendingSend{frag: idx, tag: tag, cb: cb})
-	return true
+	return ok
 }
 
 // Alloc returns a fragment buffer of exactly size bytes in this process's
@@ -326,13 +322,10 @@ func (e *endpoint) trySend(tag btl.Tag, hdr, data []byte) (int, error) {
 		// whole entry (a window of 512-byte sends ran at a quarter of
 		// the rate of 4 KiB ones).
 	}
-	idx, payload, ok := e.m.pool.get(n)
+	idx, ok := e.copyToFrag(tag, hdr, data)
 	if !ok {
 		return notSent, nil
 	}
-	copy(payload, hdr)
-	copy(payload[len(hdr):], data)
-	e.fill(idx, tag, len(hdr), n)
 	switch err := e.post(idx); {
 	case err == nil:
 		return sent, nil
@@ -343,6 +336,19 @@ func (e *endpoint) trySend(tag btl.Tag, hdr, data []byte) (int, error) {
 		e.m.pool.put(idx)
 		return notSent, err
 	}
+}
+
+// copyToFrag copies hdr+data into a free fragment of this process's pool
+// and fills its header; false when none is free.
+func (e *endpoint) copyToFrag(tag btl.Tag, hdr, data []byte) (int, bool) {
+	idx, payload, ok := e.m.pool.get(len(hdr) + len(data))
+	if !ok {
+		return 0, false
+	}
+	copy(payload, hdr)
+	copy(payload[len(hdr):], data)
+	e.fill(idx, tag, len(hdr), len(hdr)+len(data))
+	return idx, true
 }
 
 // fill writes a fragment's meta and destination words.

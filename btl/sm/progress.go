@@ -62,7 +62,8 @@ func (m *Module) progress() int {
 	// The FIFO (peers without a fast box to us yet) is looked at when the
 	// boxes had nothing, and on every 8th call regardless: a call that
 	// just delivered from a box returns sooner to the waiter it may have
-	// completed (sm 8 B ping-pong 0.320 -> 0.312 us).
+	// completed (sm 8 B ping-pong 0.320 -> 0.312 us; docs/PERFORMANCE.md,
+	// "Third session", item 5, gives the command).
 	if n == 0 || c&7 == 0 {
 		n += m.pollFifo()
 	}
@@ -114,7 +115,8 @@ func (m *Module) pollBox(b *rxBox, budget int) int {
 			// dirtied when it zeroed that header: reading it now is a
 			// transfer between cores before this call can return to the
 			// waiter it may just have completed. The next call reads it
-			// (sm 8 B ping-pong 0.310 -> 0.281 us; rate unchanged). Not
+			// (sm 8 B ping-pong 0.310 -> 0.281 us, rate unchanged; the
+			// command is in docs/PERFORMANCE.md, "Third session"). Not
 			// after a skip alone: the call then goes on to the entry at
 			// the ring's start, so that it reports what it found.
 			break

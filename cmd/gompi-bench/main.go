@@ -119,12 +119,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		opts = append(opts, mpi.WithParam(name, val))
 	}
-	if *cpuprof != "" {
+	// Profiles go to FILE.rank<N>: the ranks of one job share the flag.
+	profFile := func(name string) string {
 		rank := os.Getenv("GOMPI_RANK")
 		if rank == "" {
 			rank = "0"
 		}
-		f, err := os.Create(*cpuprof + ".rank" + rank)
+		return name + ".rank" + rank
+	}
+	if *cpuprof != "" {
+		f, err := os.Create(profFile(*cpuprof))
 		if err != nil {
 			fmt.Fprintf(stderr, "gompi-bench: --cpuprofile: %v\n", err)
 			return 2
@@ -139,11 +143,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *memprof != "" {
 		runtime.MemProfileRate = 1
 		defer func() {
-			rank := os.Getenv("GOMPI_RANK")
-			if rank == "" {
-				rank = "0"
-			}
-			f, err := os.Create(*memprof + ".rank" + rank)
+			f, err := os.Create(profFile(*memprof))
 			if err == nil {
 				err = pprof.Lookup("allocs").WriteTo(f, 0)
 				f.Close()
