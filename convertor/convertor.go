@@ -31,11 +31,10 @@ type Convertor struct {
 	contig bool
 	start  int
 
-	// The walk (when !contig): ops is the program being walked (the
-	// datatype's, or local when the elements fold into one data record).
-	ops   []op
-	kids  []int32
-	outer int     // iterations of the outer loop ops[0]
+	// The walk (when !contig): prog is the program being walked (the
+	// datatype's, or &c.local when the elements fold into one data record).
+	prog  *program
+	outer int     // iterations of the outer loop prog.ops[0]
 	stack []frame // active loops, stack[0] the outer one
 	sp    int     // frames in use
 	pc    int     // record being walked
@@ -44,10 +43,16 @@ type Convertor struct {
 	// single: the program is one data record run once, so a Pack or
 	// Unpack of the whole stream from its start is one gather or scatter.
 	single bool
+	// fresh: the walk state (pc, blk, off, stack, sp) is not set yet and
+	// stands for the start of the stream; the walker sets it when it first
+	// needs it (begin), so that a Reset followed by a Pack of the whole
+	// stream writes no more of c than it must.
+	fresh bool
 
-	// The program of elements folded into one data record (ops points
+	// The program of elements folded into one data record (prog points
 	// here then), built by Reset without allocating.
-	local     [3]op
+	local     program
+	localOps  [3]op
 	localKids [1]int32
 }
 
@@ -90,6 +95,26 @@ func NewUnpacker(buf []byte, count int, t Datatype) (*Convertor, error) {
 // allocates only when t nests loops deeper than any type c saw before. On
 // error c is left empty (Size 0).
 func (c *Convertor) Reset(buf []byte, count int, t Datatype, pack bool) error {
+	// The short way: one element of a non-contiguous type with data (a
+	// halo, a matrix column: the common derived-datatype message), where
+	// the checks reduce to the data bounds and no fold is needed. The walk
+	// state is set by the walker when first needed (fresh).
+	if d := t.d; count == 1 && d != nil {
+		p := d.prog.Load()
+		l := &d.lay
+		if p != nil && !l.dense && l.size > 0 && l.tlb >= 0 && l.tub <= len(buf) && len(c.stack) >= p.depth {
+			c.mem, c.size, c.pos, c.pack = buf, l.size, 0, pack
+			c.contig, c.start, c.fresh = false, 0, true
+			c.prog, c.outer = p, 1
+			c.single = len(p.ops) == 3
+			return nil
+		}
+	}
+	return c.reset(buf, count, t, pack)
+}
+
+// reset is Reset's general way.
+func (c *Convertor) reset(buf []byte, count int, t Datatype, pack bool) error {
 	var p *program
 	if t.d != nil {
 		p = t.d.prog.Load()
@@ -101,38 +126,50 @@ func (c *Convertor) Reset(buf []byte, count int, t Datatype, pack bool) error {
 	}
 	l := &t.d.lay
 	c.mem, c.size, c.pos, c.pack = buf, size, 0, pack
-	c.pc, c.blk, c.off = 1, 0, 0
 	if size == 0 || l.dense && (count == 1 || l.ub-l.lb == l.size) {
 		c.contig, c.start = true, 0
 		if size > 0 {
 			c.start = l.tlb
 		}
-		c.ops, c.kids, c.sp, c.single = nil, nil, 0, false
+		c.prog, c.sp, c.single = nil, 0, false
 		return nil
 	}
-	c.contig, c.start = false, 0
-	c.ops, c.kids, c.outer = p.ops, p.kids, count
+	c.contig, c.start, c.fresh = false, 0, true
+	c.prog, c.outer = p, count
 	if p.fold {
-		d := p.ops[1]
-		d.count *= count
-		d.stride = p.foldStride
-		d.psize = size
-		c.local = [3]op{
-			{kind: kLoop, count: 1, bsize: size, psize: size, k0: 0, k1: 1},
-			d,
-			{kind: kEnd},
-		}
-		c.localKids[0] = 1
-		c.ops, c.kids, c.outer = c.local[:], c.localKids[:], 1
+		c.foldInto(p, count, size)
 	}
 	// [loop, data, end] run once: the whole stream is one data record.
-	c.single = c.outer == 1 && len(c.ops) == 3
+	c.single = c.outer == 1 && len(c.prog.ops) == 3
 	if len(c.stack) < p.depth {
 		c.stack = make([]frame, p.depth)
 	}
+	return nil
+}
+
+// begin sets the walk state to the start of the stream.
+func (c *Convertor) begin() {
+	c.pc, c.blk, c.off = 1, 0, 0
 	c.stack[0] = frame{pc: 0, n: c.outer}
 	c.sp = 1
-	return nil
+	c.fresh = false
+}
+
+// foldInto makes c walk count elements of p, whose body folds, as the one
+// data record c.local.
+func (c *Convertor) foldInto(p *program, count, size int) {
+	d := p.ops[1]
+	d.count *= count
+	d.stride = p.foldStride
+	d.psize = size
+	c.localOps = [3]op{
+		{kind: kLoop, count: 1, bsize: size, psize: size, k0: 0, k1: 1},
+		d,
+		{kind: kEnd},
+	}
+	c.localKids[0] = 1
+	c.local = program{ops: c.localOps[:], kids: c.localKids[:], depth: 1}
+	c.prog, c.outer = &c.local, 1
 }
 
 // packedSize returns count*d.size and whether count elements of d lie
@@ -210,25 +247,27 @@ func (c *Convertor) SetPosition(pos int) int {
 	}
 	// Descend from the outer loop: at each loop pick the iteration by
 	// division, then the record of the body by binary search.
-	outer := &c.ops[0]
+	ops := c.prog.ops
+	outer := &ops[0]
 	e := div(pos, outer.bsize)
 	rem := pos - e*outer.bsize
 	c.stack[0] = frame{pc: 0, iter: e, n: c.outer, base: e * outer.stride}
 	c.sp = 1
+	c.fresh = false
 	l := outer
 	for {
-		kids := c.kids[l.k0:l.k1]
+		kids := c.prog.kids[l.k0:l.k1]
 		lo, hi := 0, len(kids)-1 // the last kid with pstart <= rem
 		for lo < hi {
 			mid := int(uint(lo+hi+1) >> 1)
-			if c.ops[kids[mid]].pstart <= rem {
+			if ops[kids[mid]].pstart <= rem {
 				lo = mid
 			} else {
 				hi = mid - 1
 			}
 		}
 		k := int(kids[lo])
-		o := &c.ops[k]
+		o := &ops[k]
 		rem -= o.pstart
 		if o.kind == kLoop {
 			it := div(rem, o.bsize)
@@ -268,7 +307,7 @@ func (c *Convertor) Pack(dst []byte) int {
 		return n
 	}
 	if c.single && c.pos == 0 && len(dst) >= c.size {
-		d := &c.ops[1]
+		d := &c.prog.ops[1]
 		gather(dst[:c.size], c.mem, d.disp, d.stride, d.blen, d.count)
 		c.pos = c.size
 		return c.size
@@ -287,7 +326,7 @@ func (c *Convertor) Unpack(src []byte) int {
 		return n
 	}
 	if c.single && c.pos == 0 && len(src) >= c.size {
-		d := &c.ops[1]
+		d := &c.prog.ops[1]
 		scatter(c.mem, src[:c.size], d.disp, d.stride, d.blen, d.count)
 		c.pos = c.size
 		return c.size
@@ -300,9 +339,16 @@ func (c *Convertor) Unpack(src []byte) int {
 // It is the one walker behind Pack and Unpack: pack only chooses the
 // direction of the copies and whether to stop at basic elements.
 func (c *Convertor) walk(s []byte, pack bool) int {
+	if c.pos == c.size { // also an empty Convertor, which has no program
+		return 0
+	}
+	if c.fresh {
+		c.begin()
+	}
 	done := 0
+	ops := c.prog.ops
 	for done < len(s) && c.pos < c.size {
-		o := &c.ops[c.pc]
+		o := &ops[c.pc]
 		switch o.kind {
 		case kData:
 			n, more := c.data(o, s[done:], done == 0, pack)
@@ -320,7 +366,7 @@ func (c *Convertor) walk(s []byte, pack bool) int {
 			top := &c.stack[c.sp-1]
 			top.iter++
 			if top.iter < top.n {
-				top.base += c.ops[top.pc].stride
+				top.base += ops[top.pc].stride
 				c.pc = top.pc + 1
 			} else {
 				c.sp--

@@ -13,9 +13,11 @@ import "fmt"
 // checking the first and the last suffices. The walker keeps within its
 // memory by construction: a failure is a broken invariant.
 func checkRun(streamLen, memLen, off, stride, blen, n int) {
-	last := off + (n-1)*stride
-	if n <= 0 || blen <= 0 || streamLen < n*blen ||
-		off < 0 || off > memLen-blen || last < 0 || last > memLen-blen {
+	// Kept within the inlining budget: the unsigned comparisons also
+	// refuse negative offsets.
+	room := uint(memLen - blen)
+	if n <= 0 || blen <= 0 || blen > memLen || streamLen < n*blen ||
+		uint(off) > room || uint(off+(n-1)*stride) > room {
 		badRun(streamLen, memLen, off, stride, blen, n)
 	}
 }

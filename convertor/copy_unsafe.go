@@ -35,6 +35,15 @@ func pageWalkBound(stride, n int) bool {
 // into out[:n*blen].
 func gather(out, mem []byte, off, stride, blen, n int) {
 	checkRun(len(out), len(mem), off, stride, blen, n)
+	if blen > 16 || blen&(blen-1) != 0 { // not 1, 2, 4, 8, 16: one memmove per block, as gatherSafe
+		o := 0
+		for range n {
+			copy(out[o:o+blen], mem[off:off+blen])
+			o += blen
+			off += stride
+		}
+		return
+	}
 	if pageWalkBound(stride, n) {
 		gatherSafe(out, mem, off, stride, blen, n)
 		return
@@ -68,13 +77,6 @@ func gather(out, mem []byte, off, stride, blen, n int) {
 			b := *(*uint64)(unsafe.Add(p, off+8))
 			*(*uint64)(unsafe.Add(q, 16*i)) = a
 			*(*uint64)(unsafe.Add(q, 16*i+8)) = b
-			off += stride
-		}
-	default:
-		o := 0
-		for range n {
-			copy(out[o:o+blen], mem[off:off+blen])
-			o += blen
 			off += stride
 		}
 	}
