@@ -226,6 +226,9 @@ type Counters struct {
 	FragsRecv, BytesRecv int64
 	Puts, PutBytes       int64
 	Gets, GetBytes       int64
+	// HelpBytes: bytes this process copied into peers' buffers for their
+	// Gets of its memory (sm's shared Get).
+	HelpBytes int64
 }
 
 // Counted is implemented by modules that count their traffic.

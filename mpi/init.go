@@ -206,6 +206,9 @@ func printStats(in *instance) {
 			s := c.Counters()
 			fmt.Fprintf(&b, "  transport %-5s sent %d frags %d B, received %d frags %d B, put %d ops %d B, get %d ops %d B\n",
 				m.Name(), s.FragsSent, s.BytesSent, s.FragsRecv, s.BytesRecv, s.Puts, s.PutBytes, s.Gets, s.GetBytes)
+			if s.HelpBytes > 0 {
+				fmt.Fprintf(&b, "  transport %-5s copied %d B of peers' gets\n", m.Name(), s.HelpBytes)
+			}
 		}
 	}
 	st := &in.engine.Stats

@@ -286,7 +286,9 @@ func (e *Engine) spinWait(cond func() bool) bool {
 	}()
 	var start time.Time
 	for i := 1; ; i++ {
-		e.poll.progress()
+		if e.poll.progress() == 0 {
+			e.poll.idle()
+		}
 		if cond() {
 			return true
 		}

@@ -95,3 +95,15 @@ func TestBurstAfterInit(t *testing.T) {
 		require.Contains(t, out, "burst ok")
 	}
 }
+
+// TestConformSharedGet runs the conformance program over sm with Gets of
+// 256 KiB and more shared in 64 KiB chunks: every byte is checked by the
+// program, and --stats shows that the owners of the memory copied part of
+// them (they wait in Send or Wait, idle, while the receiver reads).
+func TestConformSharedGet(t *testing.T) {
+	out, code := gorun(t, 120*time.Second, "-np", "2", "--timeout", "100s", "--btl", "self,sm", "--stats", "--tag-output",
+		"--param", "btl_sm_get_split=256k", "--param", "btl_sm_get_chunk=64k", prog("conform"))
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "conform ok")
+	require.Regexp(t, `(?m)^\[\d\]\s+transport sm\s+copied [1-9]\d* B of peers' gets`, out)
+}

@@ -32,6 +32,9 @@ type endpoint struct {
 	lastFrag  int           // guarded by mu: the fragment of trySend's sentFrag
 	sentN     int64         // guarded by mu
 	sentB     int64         // guarded by mu
+
+	helpMu  sync.Mutex // held by the Get using the help slot (help.go)
+	helpSeq uint32     // guarded by helpMu
 }
 
 var _ btl.Endpoint = (*endpoint)(nil)

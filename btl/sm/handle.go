@@ -69,6 +69,8 @@ func decodeHandle(b []byte) (handle, error) {
 type registration struct {
 	m      *Module
 	h      [handleLen]byte
+	addr   uintptr // of mem; both fixed at Register
+	mem    []byte  // what a shared Get's helper copies from (help.go)
 	mu     sync.Mutex
 	pinner *runtime.Pinner // guarded by mu; nil for empty memory
 	done   bool            // guarded by mu
@@ -91,7 +93,7 @@ func (m *Module) Register(mem []byte, _ btl.Access) (btl.Registration, error) {
 	if m.Caps()&btl.CapRDMA == 0 {
 		return nil, mpierr.Errorf(mpierr.ErrNotSupported, "sm: no single-copy put/get here (%s)", Status())
 	}
-	r := &registration{m: m}
+	r := &registration{m: m, addr: sys.Addr(mem), mem: mem}
 	if len(mem) > 0 {
 		r.pinner = pinners.Get().(*runtime.Pinner)
 		r.pinner.Pin(&mem[0])
@@ -188,7 +190,13 @@ func (e *endpoint) Get(local []byte, h []byte, off int, _ btl.Completion) (bool,
 		return false, err
 	}
 	if len(local) > 0 {
-		if err := sys.CMARead(e.p.pid, local, addr); err != nil {
+		var err error
+		if e.canShare(len(local)) {
+			err = e.sharedGet(local, addr)
+		} else {
+			err = sys.CMARead(e.p.pid, local, addr)
+		}
+		if err != nil {
 			return false, e.cmaFailed("get", err)
 		}
 	}

@@ -16,6 +16,8 @@ import (
 //	          line 3: futex word (wake sequence) written by senders waking a sleeper
 //	          line 4: FIFO tail                  contended by the producers
 //	          line 5: fast boxes still available to senders
+//	          line 6: help posts (shared Get, help.go)
+//	          lines 8-63: help slots, one per requesting local rank (help.go)
 //	fifoOff FIFO: fifoSlots 8-byte slot words (multi-producer, this process consumes)
 //	fboxOff fboxCount fast boxes this process sends through: each a 64-byte
 //	        control line (the receiver's consumed position) and a ring of
@@ -45,7 +47,7 @@ const (
 	offFboxAvail = 320 // u64 (int64) fast boxes senders may still set up to this process
 
 	segMagic   = 0x31534d4f504d4f47 // "GOMPOMS1"
-	segVersion = 1
+	segVersion = 2
 
 	fragHdr = 64 // fragment header bytes, before the payload
 )

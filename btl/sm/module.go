@@ -37,6 +37,7 @@ type Module struct {
 	state     *atomic.Uint64 // state<<32 | sleepers
 	seq       *atomic.Uint32 // futex word
 	fboxAvail *atomic.Uint64
+	helpPosts *atomic.Uint64 // shared Get requests posted to this process (help.go)
 
 	caps   atomic.Uint32 // btl.Caps; put/get dropped when a peer refuses CMA
 	closed atomic.Bool
@@ -61,7 +62,10 @@ type Module struct {
 	recvB     int64         // guarded by pollMu
 	recvSnapN atomic.Int64  // recvN as Counters last read it
 	recvSnapB atomic.Int64
-	later     []drained // guarded by pollMu: completions for Progress to run once unlocked
+	later     []drained     // guarded by pollMu: completions for Progress to run once unlocked
+	helpSeen  atomic.Uint64 // helpPosts when last helped
+	helpAsked atomic.Bool   // Progress saw a help post not helped yet (for Idle)
+	helpBytes atomic.Int64  // bytes copied for peers' shared Gets
 
 	pendMu   sync.Mutex
 	pendEps  []*endpoint // guarded by pendMu: endpoints with queued sends
@@ -103,6 +107,7 @@ type peer struct {
 	state     *atomic.Uint64
 	seq       *atomic.Uint32
 	fboxAvail *atomic.Uint64
+	helpPosts *atomic.Uint64
 	watch     *sys.PidWatch
 	cmaErr    error // why Put/Get to it are not possible (nil: they are)
 
@@ -157,6 +162,7 @@ func newModule(env *btl.Env, cfg config) (*Module, error) {
 	m.seq = word32(m.seg, offSeq)
 	m.fboxAvail = word64(m.seg, offFboxAvail)
 	m.fboxAvail.Store(uint64(cfg.fboxMax))
+	m.helpPosts = word64(m.seg, offHelpPosts)
 	m.pool = newFragPool(m.seg, &m.lay)
 
 	e := wireEntry{rank: m.rank, local: m.local, localSize: env.LocalSize, pid: m.pid, fd: int(f.Fd()),
@@ -188,7 +194,8 @@ func (m *Module) Bandwidth() int {
 
 // Counters returns the traffic counters.
 func (m *Module) Counters() btl.Counters {
-	c := btl.Counters{Puts: m.puts.Load(), PutBytes: m.putBytes.Load(), Gets: m.gets.Load(), GetBytes: m.getBytes.Load()}
+	c := btl.Counters{Puts: m.puts.Load(), PutBytes: m.putBytes.Load(), Gets: m.gets.Load(), GetBytes: m.getBytes.Load(),
+		HelpBytes: m.helpBytes.Load()}
 	// The receive counters are Progress's plain fields: read them when
 	// nobody polls, else (a handler asking) the last value read.
 	if m.pollMu.TryLock() {
@@ -361,6 +368,7 @@ func (m *Module) mapPeer(p *peer, e wireEntry) error {
 	p.state = word64(seg, offState)
 	p.seq = word32(seg, offSeq)
 	p.fboxAvail = word64(seg, offFboxAvail)
+	p.helpPosts = word64(seg, offHelpPosts)
 	m.bg.Add(1)
 	go m.watchPeer(p)
 	return nil

@@ -70,6 +70,9 @@ func (m *Module) progress() int {
 	if m.pendingN.Load() > 0 {
 		n += m.drainAll()
 	}
+	if m.helpPosted() && !m.helpAsked.Load() {
+		m.helpAsked.Store(true) // for Idle (help.go)
+	}
 	// Peers' state words are looked at on events and every 1024 polls
 	// (catches a peer that closed while nothing else happened).
 	if m.events.Load() || c&1023 == 0 {
@@ -343,6 +346,10 @@ const sustainedPolls = 1024
 func (m *Module) Block(wake <-chan struct{}) {
 	m.lifeMu.RLock()
 	defer m.lifeMu.RUnlock()
+	// A process with nothing to do helps its peers' shared Gets (help.go):
+	// on the way in, and whenever a peer's post ends the wait.
+	m.helpIdle()
+	defer m.helpIdle()
 	if signalled(wake) || m.look() {
 		return
 	}
@@ -351,7 +358,7 @@ func (m *Module) Block(wake <-chan struct{}) {
 	if spin := m.cfg.spin; spin > 0 {
 		start := time.Now()
 		for i := 1; ; i++ {
-			if i%8 == 0 && (m.look() || signalled(wake)) { // look takes the poll lock: not every turn
+			if i%8 == 0 && (m.look() || signalled(wake) || m.helpPosted()) { // look takes the poll lock: not every turn
 				return
 			}
 			if m.polls.Load() != p0 {
@@ -379,7 +386,7 @@ func (m *Module) Block(wake <-chan struct{}) {
 	}
 	for {
 		s := m.seq.Load()
-		if m.look() || woken.Load() {
+		if m.look() || woken.Load() || m.helpPosted() {
 			return
 		}
 		if m.pendingN.Load() > 0 {
@@ -394,7 +401,7 @@ func (m *Module) Block(wake <-chan struct{}) {
 		}
 		m.state.Add(1) // announce: senders now wake us
 		s = arm(m.seq) // the first sender to see it armed wakes us
-		if !m.look() && !woken.Load() {
+		if !m.look() && !woken.Load() && !m.helpPosted() {
 			sys.FutexWait(m.seq, s, sleepTime)
 			// Peers also wake us when they close or die: have Progress
 			// look at their state.

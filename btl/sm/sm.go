@@ -53,6 +53,8 @@ const (
 	paramSingleCopy    = "btl_sm_single_copy"
 	paramSpin          = "btl_sm_spin"
 	paramWireTimeout   = "btl_sm_wireup_timeout"
+	paramGetSplit      = "btl_sm_get_split"
+	paramGetChunk      = "btl_sm_get_chunk"
 )
 
 // have is everything the transport implements; put and get are dropped at
@@ -107,6 +109,10 @@ func init() {
 		Help: "single-copy Put/Get: auto (cross-memory attach if permitted), cma (required), none"})
 	params.Register(params.Def{Name: paramSpin, Kind: params.Duration, Default: "500us",
 		Help: "how long Block polls shared memory before it sleeps on a futex (0 when oversubscribed unless set)"})
+	params.Register(params.Def{Name: paramGetSplit, Kind: params.Size, Default: "1m",
+		Help: "Gets of at least this many bytes are shared with the owner of the memory, which copies chunks too when it polls (0 disables; at least 256k; 0 when oversubscribed unless set)"})
+	params.Register(params.Def{Name: paramGetChunk, Kind: params.Size, Default: "512k",
+		Help: "bytes per chunk of a shared Get (at least 64k)"})
 	params.Register(params.Def{Name: paramWireTimeout, Kind: params.Duration, Default: "30s",
 		Help: "time allowed for the other ranks on this host to publish their segments"})
 	btl.RegisterComponent(component{})
@@ -129,6 +135,8 @@ type config struct {
 	singleCopy    string
 	spin          time.Duration
 	wireTimeout   time.Duration
+	getSplit      int
+	getChunk      int
 }
 
 func readConfig(env *btl.Env) (config, error) {
@@ -146,6 +154,8 @@ func readConfig(env *btl.Env) (config, error) {
 		singleCopy:    strings.ToLower(strings.TrimSpace(p.String(paramSingleCopy))),
 		spin:          p.Duration(paramSpin),
 		wireTimeout:   p.Duration(paramWireTimeout),
+		getSplit:      p.Int(paramGetSplit),
+		getChunk:      p.Int(paramGetChunk),
 	}
 	argErr := func(f string, a ...any) (config, error) { return c, mpierr.Errorf(mpierr.ErrArg, f, a...) }
 	switch {
@@ -161,6 +171,10 @@ func readConfig(env *btl.Env) (config, error) {
 		return argErr("%s=%d: want >= 0", paramFboxThreshold, c.fboxThreshold)
 	case c.segmentSize < 1<<20 || c.segmentSize > maxSegment || c.segmentSize%4096 != 0:
 		return argErr("%s=%d: want a multiple of 4k from 1m to 2g", paramSegmentSize, c.segmentSize)
+	case c.getSplit != 0 && (c.getSplit < minSplit || c.getSplit > 1<<40):
+		return argErr("%s=%d: want 0 or 256k..1t", paramGetSplit, c.getSplit)
+	case c.getChunk < minChunk || c.getChunk > 1<<30:
+		return argErr("%s=%d: want 64k..1g", paramGetChunk, c.getChunk)
 	case c.wireTimeout <= 0:
 		return argErr("%s=%v: want a positive duration", paramWireTimeout, c.wireTimeout)
 	}
@@ -174,6 +188,11 @@ func readConfig(env *btl.Env) (config, error) {
 	}
 	if _, src := p.Value(paramSpin); env.Oversubscribed && src == params.FromDefault {
 		c.spin = 0
+	}
+	// A reader waiting for a helper's chunk while the helper waits for a
+	// core only loses time.
+	if _, src := p.Value(paramGetSplit); env.Oversubscribed && src == params.FromDefault {
+		c.getSplit = 0
 	}
 	return c, nil
 }

@@ -1,0 +1,160 @@
+package sm
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/btl/btltest"
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/internal/sys"
+)
+
+// sharedGetJob opens two ranks that share Gets of 256 KiB and more in 64
+// KiB chunks; rank 1 registers size bytes of a pattern.
+func sharedGetJob(t *testing.T, size int) ([]*testRank, btl.Endpoint, btl.Registration, []byte) {
+	t.Helper()
+	ranks := openJob(t, btltest.NewStore(), 2, [2]string{paramGetSplit, "256k"}, [2]string{paramGetChunk, "64k"})
+	if ranks[0].m.Caps()&btl.CapRDMA == 0 {
+		t.Skipf("cross-memory attach not permitted here: %s", Status())
+	}
+	src := fill(3, 1, size)
+	reg, err := ranks[1].m.Register(src, btl.AccessRemoteRead)
+	require.NoError(t, err)
+	t.Cleanup(func() { reg.Release() })
+	ep, err := ranks[0].m.AddProc(1)
+	require.NoError(t, err)
+	_, err = ranks[1].m.AddProc(0) // the helper maps the reader's segment too
+	require.NoError(t, err)
+	return ranks, ep, reg, src
+}
+
+// An idle owner of the memory (its poller in Block) copies chunks of the
+// reader's Get; the bytes are right whoever copied them.
+func TestSharedGetHelped(t *testing.T) {
+	ranks, ep, reg, src := sharedGetJob(t, 3<<20+4321)
+	ranks[1].startPoller()
+	const off = 1000
+	for try := 0; try < 200 && ranks[1].m.helpBytes.Load() == 0; try++ {
+		dst := make([]byte, len(src)-off)
+		done, err := ep.Get(dst, reg.Handle(), off, nil)
+		require.NoError(t, err)
+		require.True(t, done)
+		require.Equal(t, src[off:], dst)
+	}
+	require.NotZero(t, ranks[1].m.helpBytes.Load(), "the idle owner never helped in 200 Gets")
+}
+
+// An owner that never polls leaves every chunk to the reader, which does
+// not wait for it.
+func TestSharedGetAlone(t *testing.T) {
+	ranks, ep, reg, src := sharedGetJob(t, 1<<20)
+	dst := make([]byte, len(src))
+	done, err := ep.Get(dst, reg.Handle(), 0, nil)
+	require.NoError(t, err)
+	require.True(t, done)
+	require.Equal(t, src, dst)
+	require.Zero(t, ranks[1].m.helpBytes.Load())
+}
+
+// postHelp writes a request into the help slot of requester local rank l
+// in seg, as a peer would.
+func postHelp(seg []byte, l int, seq, src, dst, n, chunk uint64) helpSlot {
+	s := slotOf(seg, l)
+	s.claim.Store(seq<<32 | helpClosed)
+	s.src.Store(src)
+	s.dst.Store(dst)
+	s.len.Store(n)
+	s.chunk.Store(chunk)
+	s.done.Store(0)
+	s.fail.Store(0)
+	s.claim.Store(seq << 32)
+	word64(seg, offHelpPosts).Add(1)
+	return s
+}
+
+// Garbage in a help slot (memory the helper never registered, chunks too
+// small, a destination that is not mapped) is ignored or fails that chunk:
+// no panic, no byte of unregistered memory copied.
+func TestHelpSlotGarbage(t *testing.T) {
+	ranks, _, reg, src := sharedGetJob(t, 1<<20)
+	h := ranks[1].m
+	dst := make([]byte, len(src))
+	dstAddr := uint64(sys.Addr(dst))
+	srcAddr := uint64(sys.Addr(src))
+
+	s := postHelp(h.seg, 0, 1, srcAddr+uint64(len(src)), dstAddr, 1<<20, 64<<10) // beyond the registration
+	h.Progress()
+	h.Idle()
+	require.Equal(t, uint64(1)<<32, s.claim.Load(), "a chunk of unregistered memory was claimed")
+	require.Zero(t, s.done.Load())
+
+	s = postHelp(h.seg, 0, 2, srcAddr, dstAddr, 1<<20, 4096) // chunks below the minimum
+	h.Progress()
+	h.Idle()
+	require.Equal(t, uint64(2)<<32, s.claim.Load())
+
+	s = postHelp(h.seg, 0, 3, srcAddr, 16, 1<<20, 64<<10) // destination not mapped in the reader
+	h.Progress()
+	h.Idle()
+	require.Equal(t, uint64(1<<20), s.done.Load(), "every chunk is accounted for")
+	require.NotZero(t, s.fail.Load(), "the failed copies are reported")
+	require.Zero(t, h.helpBytes.Load())
+
+	s = postHelp(h.seg, 0, 4, srcAddr, dstAddr, 1<<20, 64<<10) // a good one
+	h.Progress()
+	h.Idle()
+	require.Equal(t, uint64(1<<20), s.done.Load())
+	require.Zero(t, s.fail.Load())
+	require.Equal(t, src, dst)
+	_ = reg
+}
+
+// A helper that dies holding a chunk does not hang the reader: its Get
+// fails with ErrProcFailed.
+func TestSharedGetHelperDies(t *testing.T) {
+	ranks, ep, reg, src := sharedGetJob(t, 2<<20)
+	claimed, release := make(chan struct{}), make(chan struct{})
+	hook := func() {
+		select {
+		case claimed <- struct{}{}:
+			<-release // hold the chunk until the test lets go
+		default:
+		}
+	}
+	helpClaimedHook.Store(&hook)
+	defer helpClaimedHook.Store(nil)
+	defer close(release) // before the cleanup stops the poller
+	ranks[1].startPoller()
+	dst := make([]byte, len(src))
+	errc := make(chan error, 1)
+	for try := 0; ; try++ {
+		require.Less(t, try, 100, "the idle helper never took a chunk")
+		go func() {
+			_, err := ep.Get(dst, reg.Handle(), 0, nil)
+			errc <- err
+		}()
+		select {
+		case <-claimed:
+		case err := <-errc: // the reader took every chunk: again
+			require.NoError(t, err)
+			continue
+		case <-time.After(10 * time.Second):
+			t.Fatal("Get hangs")
+		}
+		break
+	}
+	// The helper's process "dies" holding the chunk: its segment says so,
+	// as after a crash.
+	st := ranks[1].m.state
+	for old := st.Load(); !st.CompareAndSwap(old, stateDead<<32|old&0xFFFFFFFF); old = st.Load() {
+	}
+	select {
+	case err := <-errc:
+		require.ErrorIs(t, err, mpierr.ErrProcFailed)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader hangs on a dead helper's chunk")
+	}
+}
