@@ -27,8 +27,6 @@ type pollers struct {
 	kick    chan struct{}
 	// napper: the first transport is a BackgroundNapper.
 	napper bool
-	// idlers: the transports that are IdleHelpers.
-	idlers []IdleHelper
 }
 
 // deferStarts notes that starts are waiting for the next progress call and
@@ -92,19 +90,7 @@ type ConcurrentPoller interface {
 	ConcurrentProgress() bool
 }
 
-// IdleHelper is implemented by transports that can use a waiter's idle
-// time for the peers (sm: copying chunks of a peer's large Get). A waiter
-// calls Idle when a poll found nothing and no deferred start ran: the
-// rank has nothing of its own to do at that moment.
-type IdleHelper interface {
-	btl.Poller
-	Idle()
-}
-
 func (ps *pollers) add(p btl.Poller) {
-	if h, ok := p.(IdleHelper); ok {
-		ps.idlers = append(ps.idlers, h)
-	}
 	if len(ps.list) == 0 {
 		n, ok := p.(BackgroundNapper)
 		ps.napper = ok && n.NapInBackground()
@@ -130,13 +116,6 @@ func (ps *pollers) progress() int {
 		n++
 	}
 	return n
-}
-
-// idle lends the caller's idle time to the transports that can use it.
-func (ps *pollers) idle() {
-	for _, h := range ps.idlers {
-		h.Idle()
-	}
 }
 
 // block sleeps in the first transport's Block until wake or done fires or

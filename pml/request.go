@@ -286,9 +286,7 @@ func (e *Engine) spinWait(cond func() bool) bool {
 	}()
 	var start time.Time
 	for i := 1; ; i++ {
-		if e.poll.progress() == 0 {
-			e.poll.idle()
-		}
+		e.poll.progress()
 		if cond() {
 			return true
 		}

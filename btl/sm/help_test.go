@@ -75,6 +75,13 @@ func postHelp(seg []byte, l int, seq, src, dst, n, chunk uint64) helpSlot {
 	return s
 }
 
+// idle makes m help as an idle process does: a run of empty polls.
+func idle(m *Module) {
+	for range 2 * idlePolls {
+		m.Progress()
+	}
+}
+
 // Garbage in a help slot (memory the helper never registered, chunks too
 // small, a destination that is not mapped) is ignored or fails that chunk:
 // no panic, no byte of unregistered memory copied.
@@ -86,26 +93,22 @@ func TestHelpSlotGarbage(t *testing.T) {
 	srcAddr := uint64(sys.Addr(src))
 
 	s := postHelp(h.seg, 0, 1, srcAddr+uint64(len(src)), dstAddr, 1<<20, 64<<10) // beyond the registration
-	h.Progress()
-	h.Idle()
+	idle(h)
 	require.Equal(t, uint64(1)<<32, s.claim.Load(), "a chunk of unregistered memory was claimed")
 	require.Zero(t, s.done.Load())
 
 	s = postHelp(h.seg, 0, 2, srcAddr, dstAddr, 1<<20, 4096) // chunks below the minimum
-	h.Progress()
-	h.Idle()
+	idle(h)
 	require.Equal(t, uint64(2)<<32, s.claim.Load())
 
 	s = postHelp(h.seg, 0, 3, srcAddr, 16, 1<<20, 64<<10) // destination not mapped in the reader
-	h.Progress()
-	h.Idle()
+	idle(h)
 	require.Equal(t, uint64(1<<20), s.done.Load(), "every chunk is accounted for")
 	require.NotZero(t, s.fail.Load(), "the failed copies are reported")
 	require.Zero(t, h.helpBytes.Load())
 
 	s = postHelp(h.seg, 0, 4, srcAddr, dstAddr, 1<<20, 64<<10) // a good one
-	h.Progress()
-	h.Idle()
+	idle(h)
 	require.Equal(t, uint64(1<<20), s.done.Load())
 	require.Zero(t, s.fail.Load())
 	require.Equal(t, src, dst)

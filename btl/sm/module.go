@@ -63,8 +63,9 @@ type Module struct {
 	recvSnapN atomic.Int64  // recvN as Counters last read it
 	recvSnapB atomic.Int64
 	later     []drained     // guarded by pollMu: completions for Progress to run once unlocked
+	lastWork  uint64        // guarded by pollMu: pollCount of the last call that found work
+	helpNow   bool          // guarded by pollMu: help once the poll lock is released
 	helpSeen  atomic.Uint64 // helpPosts when last helped
-	helpAsked atomic.Bool   // Progress saw a help post not helped yet (for Idle)
 	helpBytes atomic.Int64  // bytes copied for peers' shared Gets
 
 	pendMu   sync.Mutex

@@ -37,9 +37,16 @@ func (m *Module) Progress() int {
 	n := m.progress()
 	later := m.later
 	m.later = nil
+	help := m.helpNow
+	m.helpNow = false
 	m.pollMu.Unlock()
 	for _, d := range later { // completions run without the poll lock
 		d.run()
+	}
+	if help {
+		m.lifeMu.RLock() // own segment stays mapped
+		m.helpIdle()
+		m.lifeMu.RUnlock()
 	}
 	return n
 }
@@ -70,8 +77,13 @@ func (m *Module) progress() int {
 	if m.pendingN.Load() > 0 {
 		n += m.drainAll()
 	}
-	if m.helpPosted() && !m.helpAsked.Load() {
-		m.helpAsked.Store(true) // for Idle (help.go)
+	// Idle: a run of idlePolls calls that found nothing (the PML runs its
+	// deferred work in each call, so it has none either). Then a peer's
+	// help post (help.go) is taken up, after the poll lock is released.
+	if n > 0 {
+		m.lastWork = c
+	} else if c-m.lastWork >= idlePolls && c&15 == 0 && m.helpPosted() {
+		m.helpNow = true
 	}
 	// Peers' state words are looked at on events and every 1024 polls
 	// (catches a peer that closed while nothing else happened).
