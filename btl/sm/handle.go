@@ -102,6 +102,7 @@ func (m *Module) Register(mem []byte, _ btl.Access) (btl.Registration, error) {
 	// not be collected. Close releases what is left.
 	m.regMu.Lock()
 	m.regs[r] = struct{}{}
+	m.nregs.Store(int64(len(m.regs)))
 	m.regMu.Unlock()
 	r.h = handle{pid: m.pid, rank: m.rank, addr: uint64(sys.Addr(mem)), n: uint64(len(mem))}.encode()
 	return r, nil
@@ -121,6 +122,7 @@ func (r *registration) Release() error {
 		}
 		r.m.regMu.Lock()
 		delete(r.m.regs, r)
+		r.m.nregs.Store(int64(len(r.m.regs)))
 		r.m.regMu.Unlock()
 	}
 	return nil

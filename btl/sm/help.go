@@ -77,10 +77,15 @@ func slotOf(seg []byte, l int) helpSlot {
 		word64(seg, b+hChunk), word64(seg, b+hDone), word64(seg, b+hFail)}
 }
 
-// canShare says whether a Get of n bytes from e's peer is shared with it.
+// canShare says whether a Get of n bytes from e's peer is shared with it:
+// not while this process has registered memory of its own, that is large
+// sends waiting for their readers. Then traffic likely flows both ways and
+// the peer is busy reading too: its help would only make this reader wait
+// for its last chunk (gompi-bench bibw 4 MiB: 20.9 GB/s with sharing, 21.6
+// without; with this rule as without).
 func (e *endpoint) canShare(n int) bool {
 	split := e.m.cfg.getSplit
-	return split > 0 && n >= split && e.m.local < maxHelpSlots && e.p.helpPosts != nil
+	return split > 0 && n >= split && e.m.local < maxHelpSlots && e.p.helpPosts != nil && e.m.nregs.Load() == 0
 }
 
 // sharedGet copies len(local) bytes at addr of the peer into local, with

@@ -161,3 +161,25 @@ func TestSharedGetHelperDies(t *testing.T) {
 		t.Fatal("the reader hangs on a dead helper's chunk")
 	}
 }
+
+// A reader with large sends of its own in flight (registered memory) does
+// not ask for help: traffic flows both ways and the peer reads too.
+func TestSharedGetNotWhileSending(t *testing.T) {
+	ranks, ep, reg, src := sharedGetJob(t, 1<<20)
+	own, err := ranks[0].m.Register(make([]byte, 4096), btl.AccessRemoteRead)
+	require.NoError(t, err)
+	ranks[1].startPoller()
+	dst := make([]byte, len(src))
+	for range 50 {
+		_, err := ep.Get(dst, reg.Handle(), 0, nil)
+		require.NoError(t, err)
+		require.Equal(t, src, dst)
+	}
+	require.Zero(t, ranks[1].m.helpBytes.Load(), "asked for help while sending")
+	require.NoError(t, own.Release())
+	for try := 0; try < 200 && ranks[1].m.helpBytes.Load() == 0; try++ {
+		_, err := ep.Get(dst, reg.Handle(), 0, nil)
+		require.NoError(t, err)
+	}
+	require.NotZero(t, ranks[1].m.helpBytes.Load(), "no help once the send is done")
+}

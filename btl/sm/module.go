@@ -79,6 +79,7 @@ type Module struct {
 
 	regMu sync.Mutex
 	regs  map[*registration]struct{} // guarded by regMu: live registrations
+	nregs atomic.Int64               // len(regs)
 
 	puts, putBytes, gets, getBytes atomic.Int64
 }
