@@ -236,3 +236,75 @@ func TestGeneratorCoverage(t *testing.T) {
 		t.Fatal("the random datatypes are too simple")
 	}
 }
+
+// TestConvertorReuse drives one Convertor through Reset after Reset over
+// random datatypes and counts, each time abandoning the previous stream at
+// a random point: Reset's short way for one element and the walk state set
+// on first use must give the same bytes as a new Convertor.
+func TestConvertorReuse(t *testing.T) {
+	n := 2000
+	if testing.Short() || raceEnabled {
+		n = 300
+	}
+	var c Convertor
+	for seed := range n {
+		r := rand.New(rand.NewPCG(uint64(seed), 2))
+		g := &gen{r: r}
+		dt, m, err := g.typ(1 + r.IntN(4))
+		if err == nil {
+			dt, m, err = usable(dt, m)
+		}
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		count := r.IntN(3)
+		if r.IntN(2) == 0 {
+			count = 1 // the short way
+		}
+		mem := randBytes(r, m.bufLen(count))
+		want := m.stream(mem, count)
+		for pass := range 3 {
+			if err := c.Reset(mem, count, dt, true); err != nil {
+				t.Fatalf("seed %d: Reset: %v", seed, err)
+			}
+			var got []byte
+			switch pass {
+			case 0: // all at once
+				buf := make([]byte, len(want))
+				got = buf[:c.Pack(buf)]
+			case 1: // from a random position on
+				at := c.SetPosition(r.IntN(len(want) + 1))
+				buf := make([]byte, len(want))
+				got = append(append([]byte(nil), want[:at]...), buf[:c.Pack(buf)]...)
+			case 2: // in random chunks
+				for !c.Done() {
+					buf := make([]byte, 1+r.IntN(24))
+					got = append(got, buf[:c.Pack(buf)]...)
+				}
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("seed %d pass %d: %v x %d: packed %x, want %x", seed, pass, dt, count, got, want)
+			}
+			// Abandon a partial pack before the next Reset.
+			if len(want) > 0 {
+				c.Reset(mem, count, dt, true)
+				c.Pack(make([]byte, r.IntN(len(want))))
+			}
+		}
+		dst := randBytes(r, len(mem))
+		orig := bytes.Clone(dst)
+		if err := c.Reset(dst, count, dt, false); err != nil {
+			t.Fatalf("seed %d: Reset unpacker: %v", seed, err)
+		}
+		for off := 0; off < len(want); {
+			k := min(len(want)-off, 1+r.IntN(24))
+			if c.Unpack(want[off:off+k]) != k {
+				t.Fatalf("seed %d: short unpack", seed)
+			}
+			off += k
+		}
+		if err := checkUnpacked(m, count, mem, orig, dst); err != nil {
+			t.Fatalf("seed %d: %v x %d: %v", seed, dt, count, err)
+		}
+	}
+}
