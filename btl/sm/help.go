@@ -77,6 +77,15 @@ func slotOf(seg []byte, l int) helpSlot {
 		word64(seg, b+hChunk), word64(seg, b+hDone), word64(seg, b+hFail)}
 }
 
+// chunkFor returns the chunk size of a shared Get of n bytes: half of it
+// (whole pages), so that even the smallest shared Get is two chunks, but
+// at most max: each chunk is a system call, and past 512 KiB larger ones
+// gain nothing.
+func chunkFor(n, max uint64) uint64 {
+	half := (n/2 + 4095) &^ 4095
+	return min(max, half)
+}
+
 // canShare says whether a Get of n bytes from e's peer is shared with it:
 // not while this process has registered memory of its own, that is large
 // sends waiting for their readers. Then traffic likely flows both ways and
@@ -101,7 +110,7 @@ func (e *endpoint) sharedGet(local []byte, addr uintptr) error {
 	defer e.helpMu.Unlock()
 	s := slotOf(p.seg, e.m.local)
 	n := uint64(len(local))
-	chunk := uint64(e.m.cfg.getChunk)
+	chunk := chunkFor(n, uint64(e.m.cfg.getChunk))
 	chunks := (n + chunk - 1) / chunk
 	e.helpSeq++
 	seq := uint64(e.helpSeq) << 32

@@ -109,10 +109,10 @@ func init() {
 		Help: "single-copy Put/Get: auto (cross-memory attach if permitted), cma (required), none"})
 	params.Register(params.Def{Name: paramSpin, Kind: params.Duration, Default: "500us",
 		Help: "how long Block polls shared memory before it sleeps on a futex (0 when oversubscribed unless set)"})
-	params.Register(params.Def{Name: paramGetSplit, Kind: params.Size, Default: "1m",
+	params.Register(params.Def{Name: paramGetSplit, Kind: params.Size, Default: "256k",
 		Help: "Gets of at least this many bytes are shared with the owner of the memory, which copies chunks too when it polls (0 disables; at least 256k; 0 when oversubscribed unless set)"})
 	params.Register(params.Def{Name: paramGetChunk, Kind: params.Size, Default: "512k",
-		Help: "bytes per chunk of a shared Get (at least 64k)"})
+		Help: "largest chunk of a shared Get (at least 64k); a Get is cut into halves of at most this"})
 	params.Register(params.Def{Name: paramWireTimeout, Kind: params.Duration, Default: "30s",
 		Help: "time allowed for the other ranks on this host to publish their segments"})
 	btl.RegisterComponent(component{})
