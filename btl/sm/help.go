@@ -3,6 +3,7 @@ package sm
 import (
 	"runtime"
 	"sync/atomic"
+	"time"
 
 	"github.com/gompi-org/gompi/internal/sys"
 )
@@ -59,7 +60,7 @@ const (
 	minSplit  = 256 << 10
 	minChunk  = 64 << 10
 	helpSpins = 64 // reader's polls of done between yields
-	idlePolls = 64 // Progress calls in a row that found nothing: the process is idle
+	idlePolls = 16 // Progress calls in a row that found nothing before the rate of calls is measured (idle)
 )
 
 // helpClaimedHook, when set (tests), runs after the helper claimed a chunk
@@ -160,6 +161,32 @@ func (e *endpoint) sharedGet(local []byte, addr uintptr) error {
 	return nil
 }
 
+// idle reports whether the Progress calls since the last one that found
+// work (at call c) are a waiter polling in a loop: at least idlePolls of
+// them, at more than one per microsecond. The PML's background goroutine
+// polls a few times per nap of a millisecond or more: a process whose
+// application computes does not help (it would take the application's
+// core). The rate is measured over the calls since the last look, so a
+// process that starts waiting after computing helps within a few dozen
+// calls. The clock is read only while a help post waits and the run is
+// idlePolls calls long, never on a short wait. Called with pollMu held.
+func (m *Module) idle(c uint64) bool {
+	run := c - m.lastWork
+	if run < idlePolls {
+		return false
+	}
+	if m.runFrom != m.lastWork+1 { // a new run: start measuring it here
+		m.runFrom, m.runAt, m.runPolls = m.lastWork+1, time.Now(), run
+		return false
+	}
+	now := time.Now()
+	if int64(run-m.runPolls) > now.Sub(m.runAt).Microseconds() {
+		return true
+	}
+	m.runAt, m.runPolls = now, run // measure the next calls afresh
+	return false
+}
+
 // helpPosted reports whether a peer posted a help request that was not
 // looked at yet. The caller keeps the segment mapped (lifeMu or pollMu
 // held) and has seen that the module is not closed.
@@ -170,8 +197,8 @@ func (m *Module) helpPosted() bool {
 // helpIdle takes chunks of every open help request in own segment until
 // none is left, when a peer posted one since the last look. It runs with
 // lifeMu read-held (the segment stays mapped), from Block and from
-// Progress after idlePolls calls in a row found nothing: only a process
-// with nothing to do of its own helps. A process that is busy delivering
+// Progress when a waiter polls without finding work (idle): only a
+// process with nothing to do of its own helps. A process that is busy delivering
 // or copying its own messages (both directions of a bidirectional stream)
 // leaves the work to the reader: helping there measured slower (bibw
 // 4 MiB 22.3 -> 20.4 GB/s with help from every Progress call).

@@ -183,3 +183,23 @@ func TestSharedGetNotWhileSending(t *testing.T) {
 	}
 	require.NotZero(t, ranks[1].m.helpBytes.Load(), "no help once the send is done")
 }
+
+// A process that polls only now and then (the PML's background goroutine
+// while the application computes) does not help: that would take the
+// application's core. A waiter polling in a loop does.
+func TestHelpOnlyWhenIdle(t *testing.T) {
+	ranks, _, _, src := sharedGetJob(t, 1<<20)
+	h := ranks[1].m
+	dst := make([]byte, len(src))
+	s := postHelp(h.seg, 0, 1, uint64(sys.Addr(src)), uint64(sys.Addr(dst)), 1<<20, 64<<10)
+	for range 50 { // 200 polls in 50+ ms
+		for range 4 {
+			h.Progress()
+		}
+		time.Sleep(time.Millisecond)
+	}
+	require.Zero(t, s.done.Load(), "helped from occasional polls")
+	idle(h)
+	require.Equal(t, uint64(1<<20), s.done.Load())
+	require.Equal(t, src, dst)
+}

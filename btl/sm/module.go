@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/internal/mpierr"
@@ -64,6 +65,9 @@ type Module struct {
 	recvSnapB atomic.Int64
 	later     []drained     // guarded by pollMu: completions for Progress to run once unlocked
 	lastWork  uint64        // guarded by pollMu: pollCount of the last call that found work
+	runFrom   uint64        // guarded by pollMu: lastWork+1 of the idle run being measured (idle)
+	runPolls  uint64        // guarded by pollMu: its length when measuring began
+	runAt     time.Time     // guarded by pollMu: when measuring began
 	helpNow   bool          // guarded by pollMu: help once the poll lock is released
 	helpSeen  atomic.Uint64 // helpPosts when last helped
 	helpBytes atomic.Int64  // bytes copied for peers' shared Gets

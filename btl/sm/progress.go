@@ -77,12 +77,13 @@ func (m *Module) progress() int {
 	if m.pendingN.Load() > 0 {
 		n += m.drainAll()
 	}
-	// Idle: a run of idlePolls calls that found nothing (the PML runs its
-	// deferred work in each call, so it has none either). Then a peer's
-	// help post (help.go) is taken up, after the poll lock is released.
+	// Idle: a run of calls that found nothing, made by a waiter polling
+	// in a loop (the PML runs its deferred work in each call, so it has
+	// none either). Then a peer's help post (help.go) is taken up, after
+	// the poll lock is released.
 	if n > 0 {
 		m.lastWork = c
-	} else if c-m.lastWork >= idlePolls && c&15 == 0 && m.helpPosted() {
+	} else if c&15 == 0 && m.helpPosted() && m.idle(c) {
 		m.helpNow = true
 	}
 	// Peers' state words are looked at on events and every 1024 polls
