@@ -84,7 +84,6 @@ type Engine struct {
 	nextCtx  uint32
 	reserved map[uint32]struct{}     // context ids being agreed on (ProposeContext)
 	toStart  []*Request              // matched rendezvous receives to start outside the lock
-	spare    atomic.Pointer[Request] // a done blocking receive's request, cleaned when next used
 	scratch  frag                    // the fragment being matched (aliases transport memory; copied when kept)
 	closed   error
 	// troubled is set once closed or any peer's failed is: the send fast

@@ -2,6 +2,7 @@ package pml
 
 import (
 	"context"
+	"sync"
 
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/internal/mpierr"
@@ -564,25 +565,31 @@ func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	return st, err
 }
 
-// takeSpare returns a clean pooled request, preferring the engine's spare:
-// the request of the last blocking receive, put aside uncleaned so that
-// the cleaning happens here, when the next receive is posted (while the
-// peer is busy with the message this rank just sent), and not between a
-// receive's completion and the caller's next send.
+// takeSpare returns a clean pooled request, preferring a spare: the
+// request of an earlier blocking receive, put aside uncleaned so that the
+// cleaning happens here, when the next receive is posted (while the peer
+// is busy with the message this rank just sent), and not between a
+// receive's completion and the caller's next send. The spares are kept in
+// a sync.Pool: its per-processor slot costs no locked instruction, where
+// one shared slot cost two (an atomic swap each way).
 func (e *Engine) takeSpare() *Request {
 	if !e.poll.active() {
 		// In-process ranks run both sides on one processor in turn:
 		// nothing is gained by moving the cleaning, and the pool is cheaper.
 		return newReq(true)
 	}
-	if r := e.spare.Swap(nil); r != nil {
+	if x := spares.Get(); x != nil {
+		r := x.(*Request)
 		r.reset()
 		return r
 	}
 	return newReq(true)
 }
 
-// putSpare puts a finished blocking receive's request aside for the next
+// spares holds done blocking receives' requests, not yet cleaned.
+var spares sync.Pool
+
+// putSpare puts a finished blocking receive's request aside for a later
 // takeSpare, dropping its reference to the user's buffer at once; a
 // request the engine may still reference goes the way of recycle.
 func (e *Engine) putSpare(r *Request) {
@@ -591,9 +598,7 @@ func (e *Engine) putSpare(r *Request) {
 		return
 	}
 	r.buf = Buffer{}
-	if old := e.spare.Swap(r); old != nil {
-		recycleUnstarted(old)
-	}
+	spares.Put(r)
 }
 
 func (c *Comm) postRecv(r *Request, buf Buffer, src, tag int, kind reqKind) error {
