@@ -56,7 +56,11 @@ const (
 // Request is one send, receive or probe. Its result fields are written by
 // the engine before done is set and read by the owner only after.
 type Request struct {
+	// done is gen+1 once the request completed. Recycling increments gen
+	// (a plain field: the request is private then) instead of clearing
+	// done, which would be one more locked instruction per message.
 	done   atomic.Uint32
+	gen    uint32
 	w      atomic.Pointer[waiter]
 	sched  atomic.Int32 // ob1's req_lock: one scheduler at a time
 	convMu sync.Mutex   // serializes the convertor (non-contiguous buffers)
@@ -114,7 +118,7 @@ type reqState struct {
 type span struct{ off, n int }
 
 // Done reports whether the request completed.
-func (r *Request) Done() bool { return r.done.Load() != 0 }
+func (r *Request) Done() bool { return r.done.Load() == r.gen+1 }
 
 // Result returns the status and error; valid once Done.
 func (r *Request) Result() (Status, error) { return r.status, r.err }
@@ -129,7 +133,7 @@ var waiterPool = sync.Pool{New: func() any { return &waiter{ch: make(chan struct
 // complete publishes the result and wakes a waiter. Called once.
 func (r *Request) complete(st Status, err error) {
 	r.status, r.err = st, err
-	r.done.Store(1)
+	r.done.Store(r.gen + 1)
 	if w := r.w.Load(); w != nil {
 		select {
 		case w.ch <- struct{}{}:
@@ -308,9 +312,7 @@ func (e *Engine) spinWait(cond func() bool) bool {
 // reset clears every field for reuse from the pool.
 func (r *Request) reset() {
 	// Atomic stores are locked instructions: skip those that change nothing.
-	if r.done.Load() != 0 {
-		r.done.Store(0)
-	}
+	r.gen++ // done no longer says done
 	if r.w.Load() != nil {
 		r.w.Store(nil)
 	}
