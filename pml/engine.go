@@ -82,9 +82,9 @@ type Engine struct {
 	reqs     map[uint64]*Request
 	nextID   uint64
 	nextCtx  uint32
-	reserved map[uint32]struct{}     // context ids being agreed on (ProposeContext)
-	toStart  []*Request              // matched rendezvous receives to start outside the lock
-	scratch  frag                    // the fragment being matched (aliases transport memory; copied when kept)
+	reserved map[uint32]struct{} // context ids being agreed on (ProposeContext)
+	toStart  []*Request          // matched rendezvous receives to start outside the lock
+	scratch  frag                // the fragment being matched (aliases transport memory; copied when kept)
 	closed   error
 	// troubled is set once closed or any peer's failed is: the send fast
 	// path reads it instead of taking the lock.
