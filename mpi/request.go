@@ -24,27 +24,36 @@ type Request struct {
 	// request done at once); gone says its result is here and p may be
 	// back in the pool. A plain p saves an atomic store, a locked
 	// instruction, per nonblocking call.
-	p     *pml.Request
-	gone  atomic.Bool
-	users atomic.Int32 // calls touching *p right now
-	taken atomic.Bool  // one call copies the result and gives p back
+	p *pml.Request
+	// state: the calls touching *p right now (low bits), taken (one call
+	// copies the result and gives p back) and gone (the result is here).
+	// One word, so that finishing costs two locked instructions, not three.
+	state atomic.Uint32
 	st    Status
 	err   error
 }
+
+const (
+	goneBit   = 1 << 31
+	takenBit  = 1 << 30
+	usersMask = takenBit - 1
+)
+
+// release drops a use taken by acquire.
+func (r *Request) release() { r.state.Add(^uint32(0)) }
 
 func newRequest(c *Comm, pr *pml.Request) *Request { return &Request{c: c, p: pr} }
 
 func doneRequest(c *Comm, st Status) *Request { return &Request{c: c, st: st} }
 
 // acquire returns the PML request with a use count held (release it with
-// r.users.Add(-1)), or nil when the result is already here.
+// r.release()), or nil when the result is already here.
 func (r *Request) acquire() *pml.Request {
-	if r.p == nil || r.gone.Load() { // gone never becomes false again: no count needed
+	if r.p == nil || r.state.Load()&goneBit != 0 { // gone never ends: no count needed
 		return nil
 	}
-	r.users.Add(1)
-	if r.gone.Load() {
-		r.users.Add(-1)
+	if r.state.Add(1)&goneBit != 0 {
+		r.release()
 		return nil
 	}
 	return r.p
@@ -56,7 +65,7 @@ func (r *Request) done() bool {
 		return true
 	}
 	d := pr.Done()
-	r.users.Add(-1)
+	r.release()
 	return d
 }
 
@@ -74,14 +83,15 @@ func (r *Request) result() (Status, error) {
 func (r *Request) finish(pr *pml.Request) (Status, error) {
 	pst, err := pr.Result()
 	st := Status(pst)
-	mine := r.taken.CompareAndSwap(false, true)
-	if mine {
-		r.st, r.err = st, err
-		r.gone.Store(true) // later calls read st and err
+	if r.state.Or(takenBit)&takenBit != 0 { // another call takes it
+		r.release()
+		return st, err
 	}
-	// A call that looks from now on sees gone: once the count is zero,
-	// nobody can reach pr any more.
-	if r.users.Add(-1) == 0 && mine {
+	r.st, r.err = st, err
+	// Gone (later calls read st and err) and this call's use dropped, at
+	// once. A call that looks from now on sees gone: once the count is
+	// zero, nobody can reach pr any more.
+	if r.state.Add(goneBit-1)&usersMask == 0 {
 		pml.Recycle(pr)
 	}
 	return st, err
@@ -104,12 +114,12 @@ func (r *Request) wait(ctx context.Context) (Status, error) {
 		return r.st, r.err
 	}
 	if err := r.c.in.engine.Wait(ctx, pr); err != nil {
-		r.users.Add(-1)
+		r.release()
 		return Status{}, err
 	}
 	// One completion rings one parked waiter: pass it on when another
 	// goroutine may be parked on pr too.
-	if r.users.Load() > 1 {
+	if r.state.Load()&usersMask > 1 {
 		pr.Wake()
 	}
 	return r.finish(pr)
@@ -128,7 +138,7 @@ func (r *Request) Test() (Status, bool, error) {
 	if !pr.Done() {
 		r.c.in.engine.Progress()
 		if !pr.Done() {
-			r.users.Add(-1)
+			r.release()
 			return Status{}, false, nil
 		}
 	}
@@ -145,7 +155,7 @@ func (r *Request) Cancel() error {
 	}
 	if pr := r.acquire(); pr != nil {
 		r.c.pc.Cancel(pr)
-		r.users.Add(-1)
+		r.release()
 	}
 	return nil
 }
@@ -205,7 +215,7 @@ func Waitany(reqs []*Request) (int, Status, error) {
 func releaseAll(reqs []*Request, prs []*pml.Request) {
 	for i, pr := range prs {
 		if pr != nil {
-			reqs[i].users.Add(-1)
+			reqs[i].release()
 		}
 	}
 }
