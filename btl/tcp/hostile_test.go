@@ -498,12 +498,22 @@ func TestGetPeerDies(t *testing.T) {
 	reg, err := ranks[1].mods[0].Register(mem, btl.AccessRemoteRead)
 	require.NoError(t, err)
 	// Stall rank 1's reader so the Get cannot be answered, then kill it.
-	block := make(chan struct{})
-	ranks[1].env.Dispatch.Register(0x42, func(btl.Endpoint, []byte, []byte) { <-block })
+	block, stalled := make(chan struct{}), make(chan struct{})
+	ranks[1].env.Dispatch.Register(0x42, func(btl.Endpoint, []byte, []byte) {
+		close(stalled)
+		<-block
+	})
 	ep, err := ranks[0].mods[0].AddProc(1)
 	require.NoError(t, err)
 	_, err = ep.Send(0x42, nil, nil, nil)
 	require.NoError(t, err)
+	// Only once the reader is stalled: a Get sent earlier could be
+	// answered first (seen once in a full test run on a loaded machine).
+	select {
+	case <-stalled:
+	case <-time.After(waitFor):
+		t.Fatal("the stalling message never arrived")
+	}
 	got := make(chan error, 1)
 	done, err := ep.Get(make([]byte, len(mem)), reg.Handle(), 0, func(err error) { got <- err })
 	require.NoError(t, err)
