@@ -197,11 +197,11 @@ func (m *Module) helpPosted() bool {
 // helpIdle takes chunks of every open help request in own segment until
 // none is left, when a peer posted one since the last look. It runs with
 // lifeMu read-held (the segment stays mapped), from Block and from
-// Progress when a waiter polls without finding work (idle): only a
-// process with nothing to do of its own helps. A process that is busy delivering
+// Progress when a waiter polls without finding work (idle): only a process
+// with nothing to do of its own helps. A process that is busy delivering
 // or copying its own messages (both directions of a bidirectional stream)
-// leaves the work to the reader: helping there measured slower (bibw
-// 4 MiB 22.3 -> 20.4 GB/s with help from every Progress call).
+// leaves the work to the reader: helping there measured slower (bibw 4 MiB
+// 22.3 -> 20.4 GB/s with help from every Progress call).
 func (m *Module) helpIdle() {
 	if m.closed.Load() || !m.helpPosted() {
 		return
