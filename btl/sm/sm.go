@@ -110,7 +110,7 @@ func init() {
 	params.Register(params.Def{Name: paramSpin, Kind: params.Duration, Default: "500us",
 		Help: "how long Block polls shared memory before it sleeps on a futex (0 when oversubscribed unless set)"})
 	params.Register(params.Def{Name: paramGetSplit, Kind: params.Size, Default: "256k",
-		Help: "Gets of at least this many bytes are shared with the owner of the memory, which copies chunks too when it polls (0 disables; at least 256k; 0 when oversubscribed unless set)"})
+		Help: "Gets of at least this many bytes are shared with the owner of the memory, which copies chunks too while it waits with nothing to do (0 disables; at least 256k; 0 when oversubscribed unless set)"})
 	params.Register(params.Def{Name: paramGetChunk, Kind: params.Size, Default: "512k",
 		Help: "largest chunk of a shared Get (at least 64k); a Get is cut into halves of at most this"})
 	params.Register(params.Def{Name: paramWireTimeout, Kind: params.Duration, Default: "30s",
