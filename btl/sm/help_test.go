@@ -77,7 +77,7 @@ func postHelp(seg []byte, l int, seq, src, dst, n, chunk uint64) helpSlot {
 
 // idle makes m help as an idle process does: a run of empty polls.
 func idle(m *Module) {
-	for range 2 * idlePolls {
+	for range 4 * idlePolls { // the rate is looked at every 16th call
 		m.Progress()
 	}
 }
