@@ -164,18 +164,32 @@ func (r *Request) Cancel() error {
 // their statuses in order, with errors.Join of their errors.
 func Waitall(reqs []*Request) ([]Status, error) {
 	sts := make([]Status, len(reqs))
+	return sts, WaitallInto(reqs, sts)
+}
+
+// WaitallInto is Waitall writing the statuses into sts (sts[i] for
+// reqs[i]; entries of nil requests are left alone), or ignoring them when
+// sts is nil, as MPI_STATUSES_IGNORE does: a loop of windows then
+// allocates nothing for them. A non-nil sts shorter than reqs is ErrArg,
+// with nothing waited for.
+func WaitallInto(reqs []*Request, sts []Status) error {
+	if sts != nil && len(sts) < len(reqs) {
+		return mpierr.Errorf(mpierr.ErrArg, "WaitallInto: %d statuses for %d requests", len(sts), len(reqs))
+	}
 	var errs []error
 	for i, r := range reqs {
 		if r == nil {
 			continue
 		}
 		st, err := r.Wait()
-		sts[i] = st
+		if sts != nil {
+			sts[i] = st
+		}
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
-	return sts, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // Waitany blocks until one of reqs completes and returns its index and

@@ -802,3 +802,53 @@ func TestRequestParkedWaiters(t *testing.T) {
 		return nil
 	})
 }
+
+// WaitallInto fills the caller's statuses, or ignores them with nil sts,
+// and refuses a short sts without waiting for anything.
+func TestWaitallInto(t *testing.T) {
+	mustRun(t, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			for tag := 1; tag <= 6; tag++ {
+				if err := w.Send(make([]byte, tag), 1, tag); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		post := func(from int) ([]*mpi.Request, error) {
+			var reqs []*mpi.Request
+			for tag := from; tag < from+3; tag++ {
+				r, err := w.Irecv(make([]byte, 8), 0, tag)
+				if err != nil {
+					return nil, err
+				}
+				reqs = append(reqs, r)
+			}
+			return reqs, nil
+		}
+		reqs, err := post(1)
+		if err != nil {
+			return err
+		}
+		if err := mpi.WaitallInto(reqs, make([]mpi.Status, 2)); !errors.Is(err, mpi.ErrArg) {
+			return fmt.Errorf("short statuses: %v, want ErrArg", err)
+		}
+		sts := make([]mpi.Status, 4)
+		sts[3].Tag = 99 // beyond the requests: untouched
+		if err := mpi.WaitallInto(reqs, sts); err != nil {
+			return err
+		}
+		for i, st := range sts[:3] {
+			if st.Tag != i+1 || st.Count != i+1 || st.Source != 0 {
+				return fmt.Errorf("status %d: %+v", i, st)
+			}
+		}
+		if sts[3].Tag != 99 {
+			return fmt.Errorf("status beyond the requests changed: %+v", sts[3])
+		}
+		if reqs, err = post(4); err != nil {
+			return err
+		}
+		return mpi.WaitallInto(reqs, nil) // statuses ignored
+	})
+}
