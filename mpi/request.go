@@ -34,9 +34,10 @@ type Request struct {
 }
 
 // result is a Status in 16 bytes (Cancelled is cancelledBit of state), so
-// that a Request (its error boxed) takes 48 bytes instead of 80: it is the one allocation of
-// a nonblocking call, and its bytes set the garbage collector's pace in a
-// message-rate loop. Ranks and tags fit in 32 bits (TagUB is 2^30-1).
+// that a Request (its error boxed) takes 48 bytes instead of 80: it is the
+// one allocation of a nonblocking call, and its bytes set the garbage
+// collector's pace in a message-rate loop. Ranks and tags fit in 32 bits
+// (TagUB is 2^30-1).
 type result struct {
 	source, tag int32
 	count       int
