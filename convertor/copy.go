@@ -13,8 +13,7 @@ import "fmt"
 // checking the first and the last suffices. The walker keeps within its
 // memory by construction: a failure is a broken invariant.
 func checkRun(streamLen, memLen, off, stride, blen, n int) {
-	// Kept within the inlining budget: the unsigned comparisons also
-	// refuse negative offsets.
+	// The unsigned comparisons also refuse negative offsets.
 	room := uint(memLen - blen)
 	if n <= 0 || blen <= 0 || blen > memLen || streamLen < n*blen ||
 		uint(off) > room || uint(off+(n-1)*stride) > room {

@@ -35,7 +35,11 @@ func pageWalkBound(stride, n int) bool {
 // into out[:n*blen].
 func gather(out, mem []byte, off, stride, blen, n int) {
 	checkRun(len(out), len(mem), off, stride, blen, n)
-	if blen > 16 || blen&(blen-1) != 0 { // not 1, 2, 4, 8, 16: one memmove per block, as gatherSafe
+	// Blocks other than 1, 2, 4, 8 or 16 bytes: one memmove each, as in
+	// gatherSafe's default case, but written here: a call to gatherSafe
+	// (its switch) measured 2-3 ns more on the halo-north pack (two 8160-
+	// byte blocks, ~128 ns; six alternated runs of each test binary).
+	if blen > 16 || blen&(blen-1) != 0 {
 		o := 0
 		for range n {
 			copy(out[o:o+blen], mem[off:off+blen])
