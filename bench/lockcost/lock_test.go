@@ -1,0 +1,45 @@
+// Package lockcost measures what a locked instruction costs on this machine:
+// an uncontended atomic add or store against a plain increment, and a
+// mutex lock/unlock pair. docs/PERFORMANCE.md ("Fourth session", item 3)
+// uses it to price the locked instructions on the message path.
+//
+//	go test -bench . ./bench/lockcost
+package lockcost
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+var (
+	x  atomic.Int64
+	y  int64
+	mu sync.Mutex
+)
+
+func BenchmarkAtomicAdd(b *testing.B) {
+	for b.Loop() {
+		x.Add(1)
+	}
+}
+
+func BenchmarkAtomicStore(b *testing.B) {
+	for i := 0; b.Loop(); i++ {
+		x.Store(int64(i))
+	}
+}
+
+func BenchmarkPlainIncrement(b *testing.B) {
+	for b.Loop() {
+		y++
+	}
+}
+
+func BenchmarkMutexPair(b *testing.B) {
+	for b.Loop() {
+		mu.Lock()
+		y++
+		mu.Unlock()
+	}
+}
