@@ -99,14 +99,14 @@ func (c *Comm) send(buf any, dest, tag int, mode pml.Mode) error {
 	if err := c.checkDest(dest, tag); err != nil {
 		return err
 	}
-	b, err := toBuffer(buf, true)
+	mem, conv, err := bufferOf(buf, true)
 	if err != nil {
 		return err
 	}
 	if dest == ProcNull {
 		return nil
 	}
-	return c.pc.Send(b, dest, tag, mode)
+	return c.pc.Send(pml.Buffer{Bytes: mem, Conv: conv}, dest, tag, mode)
 }
 
 // Recv receives a message from rank source (or AnySource) with tag (or
@@ -116,14 +116,14 @@ func (c *Comm) Recv(buf any, source, tag int) (Status, error) {
 	if err := c.checkSource(source, tag); err != nil {
 		return Status{}, err
 	}
-	b, err := toBuffer(buf, false)
+	mem, conv, err := bufferOf(buf, false)
 	if err != nil {
 		return Status{}, err
 	}
 	if source == ProcNull {
 		return nullStatus, nil
 	}
-	st, err := c.pc.Recv(b, source, tag)
+	st, err := c.pc.Recv(pml.Buffer{Bytes: mem, Conv: conv}, source, tag)
 	return Status(st), err
 }
 
@@ -190,19 +190,23 @@ func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
 	if err := c.checkDest(dest, tag); err != nil {
 		return nil, err
 	}
-	b, err := toBuffer(buf, true)
+	mem, conv, err := bufferOf(buf, true)
 	if err != nil {
 		return nil, err
 	}
 	if dest == ProcNull {
 		return doneRequest(c, Status{Source: ProcNull, Tag: tag}), nil
 	}
-	r, err := c.pc.IsendNow(b, dest, tag, mode)
+	r, err := c.pc.IsendNow(pml.Buffer{Bytes: mem, Conv: conv}, dest, tag, mode)
 	if err != nil {
 		return nil, err
 	}
 	if r == nil { // sent at once
-		return doneRequest(c, Status{Source: dest, Tag: tag, Count: b.Len()}), nil
+		n := len(mem)
+		if conv != nil {
+			n = conv.Size()
+		}
+		return doneRequest(c, Status{Source: dest, Tag: tag, Count: n}), nil
 	}
 	return newRequest(c, r), nil
 }
@@ -212,14 +216,14 @@ func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
 	if err := c.checkSource(source, tag); err != nil {
 		return nil, err
 	}
-	b, err := toBuffer(buf, false)
+	mem, conv, err := bufferOf(buf, false)
 	if err != nil {
 		return nil, err
 	}
 	if source == ProcNull {
 		return doneRequest(c, nullStatus), nil
 	}
-	r, err := c.pc.Irecv(b, source, tag)
+	r, err := c.pc.Irecv(pml.Buffer{Bytes: mem, Conv: conv}, source, tag)
 	if err != nil {
 		return nil, err
 	}

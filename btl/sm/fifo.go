@@ -50,11 +50,11 @@ func newFifo(seg []byte, l *layout) fifo {
 	return fifo{slots: seg[l.fifoOff : l.fifoOff+8*l.fifoSlots], tail: word64(seg, offTail), mask: uint64(l.fifoSlots - 1)}
 }
 
-func (f fifo) slot(pos uint64) *atomic.Uint64 { return word64(f.slots, int(pos&f.mask)*8) }
+func (f *fifo) slot(pos uint64) *atomic.Uint64 { return word64(f.slots, int(pos&f.mask)*8) }
 
 // init makes every slot empty for its first position (owner, before
 // publishing the segment).
-func (f fifo) init() {
+func (f *fifo) init() {
 	for i := uint64(0); i <= f.mask; i++ {
 		f.slot(i).Store(slotEmpty(i))
 	}
@@ -63,7 +63,7 @@ func (f fifo) init() {
 
 // push enqueues a reference to fragment frag of local rank local. It does
 // not block: errFifoFull when the queue has no free slot.
-func (f fifo) push(local, frag int) error {
+func (f *fifo) push(local, frag int) error {
 	for range 4096 {
 		t := f.tail.Load()
 		s := f.slot(t)
@@ -87,14 +87,14 @@ func (f fifo) push(local, frag int) error {
 }
 
 // peekFull reports whether position h holds a fragment (a racy look).
-func (f fifo) peekFull(h uint64) bool {
+func (f *fifo) peekFull(h uint64) bool {
 	w := f.slot(h).Load()
 	return w&fifoFull != 0 && uint32(w>>32) == uint32(h)
 }
 
 // pop takes position h if it is full: the sender's local rank and
 // fragment index. The caller owns h (single consumer) and advances it.
-func (f fifo) pop(h uint64) (local, frag int, ok bool) {
+func (f *fifo) pop(h uint64) (local, frag int, ok bool) {
 	s := f.slot(h)
 	w := s.Load()
 	if w&fifoFull == 0 || uint32(w>>32) != uint32(h) {

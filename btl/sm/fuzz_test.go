@@ -18,7 +18,8 @@ func FuzzDecodeEntry(f *testing.F) {
 	f.Add(packEntry(9, entryFrag, 0, 0, 12), 16, uint16(9))
 	f.Add(^uint64(0), 4080, uint16(0xFFFF))
 	f.Fuzz(func(t *testing.T, w uint64, phys int, seq uint16) {
-		e, err := decodeEntry(w, phys, size, limit, seq)
+		var e entry
+		err := decodeEntry(&e, w, phys, size, limit, seq)
 		if err != nil {
 			return
 		}

@@ -122,3 +122,44 @@ func BenchmarkPMLWindow(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPMLRecvWindow is the receiver's work in gompi-bench rate, on
+// one goroutine: the peer's 64 eager sends sit in the fast box (sent with
+// IsendNow, as mpi.Isend does, before the window), then 64 Irecv and a
+// Wait on each, as a rank in Waitall (ns/msg: per message, both sides).
+func BenchmarkPMLRecvWindow(b *testing.B) {
+	c0, c1 := pmlPair(b, [2]string{"pml_wait_spin", "1s"})
+	sb, rb := pml.Buffer{Bytes: make([]byte, 8)}, pml.Buffer{Bytes: make([]byte, 8)}
+	const window = 64
+	reqs := make([]*pml.Request, window)
+	round := func() {
+		for range window {
+			r, err := c0.IsendNow(sb, 1, 1, pml.Standard)
+			must(b, err)
+			if r != nil {
+				b.Fatal("the send did not go at once")
+			}
+		}
+		var err error
+		for i := range window {
+			reqs[i], err = c1.Irecv(rb, 0, 1)
+			must(b, err)
+		}
+		for _, r := range reqs {
+			must(b, c1.Engine().Wait(nil, r))
+			if _, err := r.Result(); err != nil {
+				b.Fatal(err)
+			}
+			pml.Recycle(r)
+		}
+	}
+	for range 100 {
+		round()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		round()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/window, "ns/msg")
+}

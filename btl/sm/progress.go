@@ -99,14 +99,14 @@ func (m *Module) progress() int {
 func (m *Module) pollBox(b *rxBox, budget int) int {
 	pos, seq := b.pos, b.seq
 	n, bytes := 0, 0
+	var e entry
 	for n < budget {
 		phys := int(pos & b.mask)
 		w := word64(b.ring, phys).Load()
 		if w == 0 {
 			break
 		}
-		e, err := decodeEntry(w, phys, b.size, b.inlineLimit, seq)
-		if err != nil {
+		if err := decodeEntry(&e, w, phys, b.size, b.inlineLimit, seq); err != nil {
 			m.fail(b.p, protoErr(b.p, err))
 			break
 		}
