@@ -162,6 +162,16 @@ type Module interface {
 	Close() error
 }
 
+// HeaderSender is implemented by endpoints that also take a 16-byte
+// header by value: SendImmediateHeader(tag, h, data) is
+// SendImmediate(tag, h[:], data). A slice passed through the Endpoint
+// interface escapes, so a caller of SendImmediate must keep its header on
+// the heap (the PML took a pooled buffer per message, about 15 ns); an
+// array passed by value stays on the caller's stack.
+type HeaderSender interface {
+	SendImmediateHeader(tag Tag, h [16]byte, data []byte) error
+}
+
 // Endpoint is a module's connection to one peer. All methods are safe for
 // concurrent use. Fragments sent with Send, SendImmediate and SendAlloc on
 // one endpoint arrive in order (per endpoint, not across endpoints).

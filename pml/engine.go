@@ -57,8 +57,9 @@ type peer struct {
 	ep     btl.Endpoint
 	caps   btl.Caps
 	lim    btl.Limits
-	immMax int   // largest standard-mode payload Select sends EagerImmediate (-1: none)
-	failed error // guarded by Engine.mu
+	immMax int              // largest standard-mode payload Select sends EagerImmediate (-1: none)
+	hs     btl.HeaderSender // ep, when it takes a header by value (nil otherwise)
+	failed error            // guarded by Engine.mu
 }
 
 func newPeer(world int, ep btl.Endpoint) *peer {
@@ -67,6 +68,7 @@ func newPeer(world int, ep btl.Endpoint) *peer {
 	if p.caps&btl.CapSendImmediate != 0 {
 		p.immMax = min(ImmediateMax, EagerMax(p.lim))
 	}
+	p.hs, _ = ep.(btl.HeaderSender)
 	return p
 }
 

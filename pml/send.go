@@ -102,8 +102,18 @@ func (c *Comm) sendNow(buf Buffer, dest, tag int, mode Mode) (r *Request, done b
 			return nil, false, nil
 		}
 	}
-	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
 	m := hdr.Match{Seq: uint16(c.seqs[dest].send.Add(1) - 1), Ctx: c.ctx, Src: int32(c.rank), Tag: int32(tag)}
+	if proto == EagerImmediate && p.hs != nil {
+		// The header by value, on this stack: no pooled buffer.
+		var h [hdr.MatchLen]byte
+		m.Encode(h[:])
+		if err = p.hs.SendImmediateHeader(btl.Tag(hdr.TypeMatch), h, buf.Bytes); err == nil {
+			e.count(EagerImmediate, len(buf.Bytes))
+			return nil, true, nil
+		}
+		proto = EagerPrepared // refused (ErrWouldBlock): as below
+	}
+	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
 	n := m.Encode(hb[:])
 	if proto == EagerImmediate {
 		err = p.ep.SendImmediate(btl.Tag(hdr.TypeMatch), hb[:n], buf.Bytes)

@@ -94,6 +94,16 @@ func (e *endpoint) checkSize(hdr, data []byte) error {
 // nil the fragment is in the peer's fast box or FIFO. It never references
 // hdr or data after returning.
 func (e *endpoint) SendImmediate(tag btl.Tag, hdr, data []byte) error {
+	return e.sendImmediate(tag, hdr, data)
+}
+
+// SendImmediateHeader is SendImmediate with the header by value
+// (btl.HeaderSender).
+func (e *endpoint) SendImmediateHeader(tag btl.Tag, h [16]byte, data []byte) error {
+	return e.sendImmediate(tag, h[:], data)
+}
+
+func (e *endpoint) sendImmediate(tag btl.Tag, hdr, data []byte) error {
 	if err := e.checkSize(hdr, data); err != nil {
 		return err
 	}
