@@ -116,12 +116,19 @@ func (r *Request) result() (Status, error) {
 // finish takes the result of pr, which is done and held by the caller (a
 // use count), and gives pr back to the pool when nobody else holds it.
 func (r *Request) finish(pr *pml.Request) (Status, error) {
+	if r.state.Or(takenBit)&takenBit != 0 { // another call takes it
+		st, err := pr.Result()
+		r.release()
+		return Status(st), err
+	}
+	return r.finishTaken(pr)
+}
+
+// finishTaken stores the result of pr, which is done, taken by this call
+// and held with a use count, and gives pr back when nobody else holds it.
+func (r *Request) finishTaken(pr *pml.Request) (Status, error) {
 	pst, err := pr.Result()
 	st := Status(pst)
-	if r.state.Or(takenBit)&takenBit != 0 { // another call takes it
-		r.release()
-		return st, err
-	}
 	x, cancelled := toResult(st)
 	r.st = x
 	if err != nil {
@@ -154,6 +161,19 @@ func (r *Request) wait(ctx context.Context) (Status, error) {
 	if r == nil {
 		return Status{}, mpierr.Errorf(mpierr.ErrArg, "nil request")
 	}
+	if pr := r.p; ctx == nil && pr != nil && r.state.CompareAndSwap(0, takenBit|1) {
+		// No other call on r yet: this one takes the result (later calls
+		// see taken and leave it), with one use held. Two locked
+		// instructions per request (this swap and finishTaken's add)
+		// instead of three (acquire, taken, gone). A Wait without a
+		// context always ends with the result, so taking it first is
+		// safe; a WaitContext may give up, so it takes it at the end.
+		r.c.in.engine.Wait(nil, pr) // without a context it returns once pr is done
+		if r.state.Load()&usersMask > 1 {
+			pr.Wake() // another goroutine may be parked on pr too
+		}
+		return r.finishTaken(pr)
+	}
 	pr := r.acquire()
 	if pr == nil {
 		return r.stored()
@@ -161,6 +181,10 @@ func (r *Request) wait(ctx context.Context) (Status, error) {
 	if err := r.c.in.engine.Wait(ctx, pr); err != nil {
 		r.release()
 		return Status{}, err
+	}
+	// Alone on r (one use, ours, not taken): take it with one swap.
+	if r.state.CompareAndSwap(1, takenBit|1) {
+		return r.finishTaken(pr)
 	}
 	// One completion rings one parked waiter: pass it on when another
 	// goroutine may be parked on pr too.

@@ -27,6 +27,23 @@ type pollers struct {
 	kick    chan struct{}
 	// napper: the first transport is a BackgroundNapper.
 	napper bool
+	// held: the first transport, when a spinning waiter may hold its poll
+	// lock across polls (HeldPoller); nil otherwise.
+	held HeldPoller
+}
+
+// HeldPoller is implemented by transports whose poll lock a waiter that
+// spins may keep across polls: BeginPoll takes it (false: another
+// goroutine polls), PollHeld is Progress for its holder and reports
+// whether the holder still holds it (a call with work to do unlocked
+// releases it), EndPoll releases it. spinWait holds it for at most 256
+// polls at a time and never while it yields, blocks or runs deferred
+// rendezvous starts.
+type HeldPoller interface {
+	btl.Poller
+	BeginPoll() bool
+	PollHeld() (n int, held bool)
+	EndPoll()
 }
 
 // deferStarts notes that starts are waiting for the next progress call and
@@ -97,6 +114,9 @@ func (ps *pollers) add(p btl.Poller) {
 	}
 	c, ok := p.(ConcurrentPoller)
 	ps.list = append(ps.list, &polled{p: p, concurrent: ok && c.ConcurrentProgress()})
+	if len(ps.list) == 1 && ps.list[0].concurrent {
+		ps.held, _ = p.(HeldPoller)
+	}
 }
 
 func (ps *pollers) active() bool { return len(ps.list) > 0 }
@@ -114,6 +134,35 @@ func (ps *pollers) progress() int {
 	}
 	if ps.runDeferred() {
 		n++
+	}
+	return n
+}
+
+// progressHeld is progress for a spinning waiter: it keeps the first
+// transport's poll lock (HeldPoller) across calls while *held says it
+// holds it, taking it when it can. Deferred starts run with it released.
+func (ps *pollers) progressHeld(held *bool) int {
+	n := 0
+	h := ps.held
+	if *held || h.BeginPoll() {
+		n, *held = h.PollHeld()
+	}
+	for _, p := range ps.list[1:] {
+		if p.concurrent {
+			n += p.p.Progress()
+		} else if p.mu.TryLock() {
+			n += p.p.Progress()
+			p.mu.Unlock()
+		}
+	}
+	if ps.pending.Load() {
+		if *held {
+			h.EndPoll()
+			*held = false
+		}
+		if ps.runDeferred() {
+			n++
+		}
 	}
 	return n
 }

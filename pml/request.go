@@ -283,18 +283,30 @@ func (e *Engine) spinWait(cond func() bool) bool {
 	}
 	const yieldMask = 4095
 	counted := false // in spinners: only once the wait is not over at once
+	held := false    // the first transport's poll lock, kept across polls (HeldPoller)
 	defer func() {
+		if held {
+			e.poll.held.EndPoll()
+		}
 		if counted {
 			e.poll.spinners.Add(-1)
 		}
 	}()
 	var start time.Time
 	for i := 1; ; i++ {
-		e.poll.progress()
+		if e.poll.held != nil {
+			e.poll.progressHeld(&held)
+		} else {
+			e.poll.progress()
+		}
 		if cond() {
 			return true
 		}
 		if i&255 == 0 {
+			if held { // let other goroutines poll now and then
+				e.poll.held.EndPoll()
+				held = false
+			}
 			if start.IsZero() {
 				start = time.Now()
 				e.poll.spinners.Add(1)

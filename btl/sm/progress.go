@@ -34,7 +34,32 @@ func (m *Module) Progress() int {
 	if !m.pollMu.TryLock() {
 		return 0
 	}
-	n := m.progress()
+	n, held := m.PollHeld()
+	if held {
+		m.pollMu.Unlock()
+	}
+	return n
+}
+
+// BeginPoll takes the poll lock for a run of PollHeld calls, as a waiter
+// spinning on a request does (pml.HeldPoller): two locked instructions
+// per run instead of two per poll, and a tighter loop, so that a fragment
+// is seen sooner after it lands. False when another goroutine polls now.
+// The holder must call EndPoll soon (the PML does within 256 polls) and
+// before it blocks.
+func (m *Module) BeginPoll() bool { return m.pollMu.TryLock() }
+
+// EndPoll releases the poll lock taken by BeginPoll.
+func (m *Module) EndPoll() { m.pollMu.Unlock() }
+
+// PollHeld is Progress for the holder of the poll lock. held reports
+// whether the caller still holds it: a call that leaves completions or a
+// peer's help to run releases it first, as those run unlocked.
+func (m *Module) PollHeld() (n int, held bool) {
+	n = m.progress()
+	if m.later == nil && !m.helpNow {
+		return n, true
+	}
 	later := m.later
 	m.later = nil
 	help := m.helpNow
@@ -48,7 +73,7 @@ func (m *Module) Progress() int {
 		m.helpIdle()
 		m.lifeMu.RUnlock()
 	}
-	return n
+	return n, false
 }
 
 func (m *Module) progress() int {
