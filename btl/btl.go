@@ -307,6 +307,10 @@ type Env struct {
 	Dispatch             *Dispatcher
 	Oversubscribed       bool                          // more ranks than cores: wait without spinning
 	Logf                 func(format string, a ...any) // verbose log (never nil)
+	// Stats: Counters will be read (gorun --stats). Without it a transport
+	// may leave counters that cost a locked instruction per fragment at
+	// zero (self's fragment counters).
+	Stats bool
 }
 
 // Component is a transport kind.

@@ -181,7 +181,7 @@ func Finalize() error {
 			time.Sleep(50 * time.Microsecond)
 		}
 	}
-	if os.Getenv("GOMPI_STATS") == "1" || in.params.Bool("stats") {
+	if in.stats() {
 		printStats(in)
 	}
 	var err error

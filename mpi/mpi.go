@@ -191,7 +191,7 @@ func newInstance(rank, size int, ps *params.Set, logf func(string, ...any)) (*in
 	in := &instance{rank: rank, size: size, params: ps, logf: logf}
 	d := &btl.Dispatcher{}
 	e, err := pml.New(pml.Config{Rank: rank, Size: size, Params: ps, Dispatch: d, Oversubscribed: os.Getenv("GOMPI_OVERSUBSCRIBED") == "1", Logf: logf,
-		Stats: ps.Bool("stats") || os.Getenv("GOMPI_STATS") == "1"})
+		Stats: wantStats(ps)})
 	if err != nil {
 		return nil, err
 	}
@@ -200,9 +200,15 @@ func newInstance(rank, size int, ps *params.Set, logf func(string, ...any)) (*in
 	return in, nil
 }
 
+// wantStats: gorun --stats (GOMPI_STATS=1) or the stats parameter.
+func wantStats(ps *params.Set) bool { return ps.Bool("stats") || os.Getenv("GOMPI_STATS") == "1" }
+
+func (in *instance) stats() bool { return wantStats(in.params) }
+
 func (in *instance) env() *btl.Env {
 	return &btl.Env{Rank: in.rank, Size: in.size, LocalRank: in.rank, LocalSize: in.size,
-		Params: in.params, Dispatch: in.dispatch, Logf: in.logf, Oversubscribed: os.Getenv("GOMPI_OVERSUBSCRIBED") == "1"}
+		Params: in.params, Dispatch: in.dispatch, Logf: in.logf, Oversubscribed: os.Getenv("GOMPI_OVERSUBSCRIBED") == "1",
+		Stats: in.stats()}
 }
 
 // connect chooses a transport for every peer and creates the world communicator.
