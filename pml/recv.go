@@ -554,6 +554,7 @@ func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
 func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	e := c.e
 	r := e.takeSpare()
+	r.parks = !e.poll.active() // in-process: Wait parks at once (spinWait)
 	if err := c.postRecv(r, buf, src, tag, kindRecv); err != nil {
 		recycleUnstarted(r)
 		return Status{}, err

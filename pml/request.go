@@ -65,6 +65,11 @@ type Request struct {
 	sched  atomic.Int32 // ob1's req_lock: one scheduler at a time
 	convMu sync.Mutex   // serializes the convertor (non-contiguous buffers)
 	own    waiter       // the waiter of Wait; its channel survives recycling
+	// parks: the poster will park on own when r is not done at once (a
+	// blocking receive between in-process ranks), set before r is
+	// posted: completion then rings own without Wait storing it in w,
+	// an atomic store (a locked instruction) per message. Reset clears it.
+	parks bool
 	owned  bool         // from the pool: recycled once its owner is done with it
 	reqState
 }
@@ -132,9 +137,14 @@ var waiterPool = sync.Pool{New: func() any { return &waiter{ch: make(chan struct
 
 // complete publishes the result and wakes a waiter. Called once.
 func (r *Request) complete(st Status, err error) {
+	parks := r.parks // before done: once done, the owner may recycle r
 	r.status, r.err = st, err
 	r.done.Store(r.gen + 1)
-	if w := r.w.Load(); w != nil {
+	w := r.w.Load()
+	if w == nil && parks {
+		w = &r.own
+	}
+	if w != nil {
 		select {
 		case w.ch <- struct{}{}:
 		default:
@@ -159,7 +169,9 @@ func (e *Engine) Wait(ctx context.Context, r *Request) error {
 	// waiter of a goroutine still waiting. A token left in the channel
 	// only makes a later wait on r loop once more (it re-checks Done).
 	w := &r.own
-	r.w.Store(w)
+	if !r.parks {
+		r.w.Store(w)
+	}
 	var done <-chan struct{}
 	if ctx != nil {
 		done = ctx.Done()
@@ -325,6 +337,7 @@ func (e *Engine) spinWait(cond func() bool) bool {
 func (r *Request) reset() {
 	// Atomic stores are locked instructions: skip those that change nothing.
 	r.gen++ // done no longer says done
+	r.parks = false
 	if r.w.Load() != nil {
 		r.w.Store(nil)
 	}
