@@ -70,7 +70,7 @@ type Request struct {
 	// posted: completion then rings own without Wait storing it in w,
 	// an atomic store (a locked instruction) per message. Reset clears it.
 	parks bool
-	owned  bool         // from the pool: recycled once its owner is done with it
+	owned bool // from the pool: recycled once its owner is done with it
 	reqState
 }
 
