@@ -253,7 +253,40 @@ type Handler func(ep Endpoint, hdr, data []byte)
 // failures to the failure handler. One per process instance (per PML).
 type Dispatcher struct {
 	handlers [256]Handler
+	runs     [256]RunHandler
 	failed   func(peer int, err error)
+}
+
+// RunHandler takes a run of fragments of one tag from one endpoint, in
+// arrival order: hdrs[i] and datas[i] are one fragment, valid only during
+// the call, as for a Handler. A run costs its handler one pass where one
+// call per fragment would repeat it (the PML takes its lock once).
+type RunHandler func(ep Endpoint, hdrs, datas [][]byte)
+
+// RegisterRun installs a RunHandler for tag, which must have a Handler.
+// It must not run long: a transport holds a run's fragments back until it
+// hands them over together.
+func (d *Dispatcher) RegisterRun(tag Tag, h RunHandler) {
+	if d.handlers[tag] == nil || d.runs[tag] != nil {
+		panic(fmt.Sprintf("btl: run handler for tag %#x without a handler, or twice", tag))
+	}
+	d.runs[tag] = h
+}
+
+// TakesRuns reports whether tag has a RunHandler. A transport gathers runs
+// only of such tags and dispatches other fragments one by one at once.
+func (d *Dispatcher) TakesRuns(tag Tag) bool { return d.runs[tag] != nil }
+
+// DispatchRun hands a run of fragments of tag to its RunHandler (or one by
+// one to its Handler).
+func (d *Dispatcher) DispatchRun(ep Endpoint, tag Tag, hdrs, datas [][]byte) {
+	if h := d.runs[tag]; h != nil {
+		h(ep, hdrs, datas)
+		return
+	}
+	for i := range hdrs {
+		d.Dispatch(ep, tag, hdrs[i], datas[i])
+	}
 }
 
 // Register installs h for tag. Registering a tag twice is a program bug.

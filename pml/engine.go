@@ -144,6 +144,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	d := cfg.Dispatch
 	d.Register(btl.Tag(hdr.TypeMatch), e.onMatching)
+	d.RegisterRun(btl.Tag(hdr.TypeMatch), e.onMatchingRun)
 	d.Register(btl.Tag(hdr.TypeRndv), e.onMatching)
 	d.Register(btl.Tag(hdr.TypeRget), e.onMatching)
 	d.Register(btl.Tag(hdr.TypeAck), e.onAck)

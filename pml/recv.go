@@ -87,9 +87,8 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 		return
 	}
 	if f.typ == hdr.TypeMatch {
-		// The common case, without the general path's copies of the
-		// fragment: eager data, in sequence with nothing waiting behind
-		// it, for a posted receive (not a probe).
+		// The common case (deliverInOrderLocked, written out here: the
+		// call measured ~3 ns on the 8 B ping-pong).
 		ps := &c.seqs[f.m.Src]
 		if f.m.Seq == ps.expect && ps.ooo == nil {
 			if r := c.m.findPosted(int(f.m.Src), int(f.m.Tag)); r != nil && r.kind == kindRecv {
@@ -110,6 +109,62 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 	if start {
 		e.runStarts()
 	}
+}
+
+// deliverInOrderLocked is the common case of a MATCH fragment, without
+// the general path's copies: eager data from peer p for communicator c,
+// in sequence with nothing waiting behind it, for a posted receive (not a
+// probe). It reports whether it delivered; false changes nothing. m's
+// source is checked against c's group by the caller. Called with e.mu held.
+func (e *Engine) deliverInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byte) bool {
+	ps := &c.seqs[m.Src]
+	if m.Seq != ps.expect || ps.ooo != nil {
+		return false
+	}
+	r := c.m.findPosted(int(m.Src), int(m.Tag))
+	if r == nil || r.kind != kindRecv {
+		return false
+	}
+	ps.expect++
+	c.m.unpost(r)
+	e.deliverEager(r, p, int(m.Src), int(m.Tag), data)
+	return true
+}
+
+// onMatchingRun takes a run of MATCH fragments from one endpoint (a
+// btl.RunHandler): the common ones under one hold of the engine lock, any
+// other through onMatching, in order.
+func (e *Engine) onMatchingRun(ep btl.Endpoint, hdrs, datas [][]byte) {
+	if len(hdrs) == 1 {
+		e.onMatching(ep, hdrs[0], datas[0])
+		return
+	}
+	r := ep.Peer()
+	var p *peer
+	if r >= 0 && r < e.size {
+		p = e.peers[r].Load()
+	}
+	var m hdr.Match
+	e.mu.Lock()
+	for i, b := range hdrs {
+		if p != nil && p.ep != nil && e.closed == nil && len(b) > 0 && hdr.Type(b[0]) == hdr.TypeMatch && m.Decode(b) == nil {
+			c := e.lastComm
+			if c == nil || c.ctx != m.Ctx {
+				if c = e.comms[m.Ctx]; c != nil {
+					e.lastComm = c
+				}
+			}
+			if c != nil && int(m.Src) >= 0 && int(m.Src) < len(c.group) && c.group[m.Src] == r &&
+				e.deliverInOrderLocked(c, &m, p, datas[i]) {
+				continue
+			}
+		}
+		// Anything else (and every error) the way of a single fragment.
+		e.mu.Unlock()
+		e.onMatching(ep, b, datas[i])
+		e.mu.Lock()
+	}
+	e.mu.Unlock()
 }
 
 // arrive admits f in sequence order (parking early arrivals) and matches

@@ -1,10 +1,12 @@
 package sm
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/btl/btltest"
 )
 
@@ -65,4 +67,68 @@ func TestHeldPoll(t *testing.T) {
 		require.Equal(t, seqHdr(0, i, 8), f.hdr, "fragment %d", i)
 		require.Equal(t, fill(0, i, 8), f.data, "fragment %d", i)
 	}
+}
+
+// TestRuns: small fragments that pile up in a fast box reach a tag's
+// RunHandler in runs, in order with the fragments around them (another
+// tag, a large one through the FIFO), each whole.
+func TestRuns(t *testing.T) {
+	ranks := openJob(t, btltest.NewStore(), 2, [2]string{paramFboxThreshold, "1"})
+	in := newInbox(ranks[1].env.Dispatch, tagData, tagPing)
+	var runs []int
+	ranks[1].env.Dispatch.RegisterRun(tagData, func(ep btl.Endpoint, hdrs, datas [][]byte) {
+		runs = append(runs, len(hdrs))
+		in.mu.Lock()
+		for i := range hdrs {
+			in.frags = append(in.frags, rcvd{from: ep.Peer(), tag: tagData, hdr: append([]byte(nil), hdrs[i]...), data: append([]byte(nil), datas[i]...)})
+		}
+		in.mu.Unlock()
+	})
+	ep, err := ranks[0].m.AddProc(1)
+	require.NoError(t, err)
+	_, err = ranks[1].m.AddProc(0)
+	require.NoError(t, err)
+	m := ranks[1].m
+	// Set the fast box up: the first fragment announces it.
+	require.NoError(t, ep.SendImmediate(tagData, seqHdr(0, 0, 8), fill(0, 0, 8)))
+	for got, _ := in.count(); got < 1; got, _ = in.count() {
+		m.Progress()
+	}
+	type sent struct {
+		tag  btl.Tag
+		seq  int
+		size int
+	}
+	var want []sent
+	large := m.lay.inlineLimit + 100 // through the FIFO, referenced from the box
+	for seq := 1; seq <= 40; seq++ {
+		tag, size := tagData, 8
+		switch seq {
+		case 13:
+			tag = tagPing
+		case 27:
+			size = large
+		}
+		if size > 8 {
+			done, err := ep.Send(tag, seqHdr(0, seq, size), fill(0, seq, size), func(error) {})
+			require.NoError(t, err)
+			require.True(t, done)
+		} else {
+			require.NoError(t, ep.SendImmediate(tag, seqHdr(0, seq, size), fill(0, seq, size)))
+		}
+		want = append(want, sent{tag, seq, size})
+	}
+	for got, _ := in.count(); got < 41; got, _ = in.count() {
+		m.Progress()
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	require.Len(t, in.frags, 41)
+	for i, w := range want {
+		f := in.frags[i+1]
+		require.Equal(t, w.tag, f.tag, "fragment %d", w.seq)
+		require.Equal(t, seqHdr(0, w.seq, w.size), f.hdr, "fragment %d", w.seq)
+		require.Equal(t, fill(0, w.seq, w.size), f.data, "fragment %d", w.seq)
+	}
+	require.Greater(t, slices.Max(runs), 1, "no run of more than one fragment: %v", runs)
 }

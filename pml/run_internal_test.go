@@ -1,0 +1,77 @@
+package pml
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gompi-org/gompi/pml/hdr"
+)
+
+// A run of MATCH fragments (btl.RunHandler) is matched as the same
+// fragments one by one would be: posted receives get their data in
+// sequence order, an unexpected message waits for its receive, an early
+// fragment waits for the ones before it, and a malformed one fails the
+// peer without touching what came before it.
+func TestMatchingRun(t *testing.T) {
+	cs := selfComms(t, 2)
+	c := cs[0]
+	e := c.e
+	ep := e.peers[1].Load().ep // dispatched as from rank 1
+	frag := func(seq uint16, tag int32, data string) ([]byte, []byte) {
+		h := make([]byte, hdr.MatchLen)
+		m := hdr.Match{Seq: seq, Ctx: c.ctx, Src: 1, Tag: tag}
+		m.Encode(h)
+		return h, []byte(data)
+	}
+	post := func(tag int) (*Request, []byte) {
+		b := make([]byte, 8)
+		r, err := c.Irecv(Buffer{Bytes: b}, 1, tag)
+		require.NoError(t, err)
+		return r, b
+	}
+	r5a, b5a := post(5)
+	r5b, b5b := post(5)
+	r7, b7 := post(7)
+
+	var hs, ds [][]byte
+	add := func(h, d []byte) { hs, ds = append(hs, h), append(ds, d) }
+	add(frag(0, 5, "zero"))  // posted: delivered at once
+	add(frag(1, 6, "one"))   // no receive: unexpected
+	add(frag(3, 7, "three")) // early: waits for 2
+	add(frag(2, 5, "two"))   // posted; lets 3 through
+	e.onMatchingRun(ep, hs, ds)
+
+	for _, x := range []struct {
+		r    *Request
+		b    []byte
+		want string
+	}{{r5a, b5a, "zero"}, {r5b, b5b, "two"}, {r7, b7, "three"}} {
+		require.True(t, x.r.Done(), "receive for %q not done", x.want)
+		st, err := x.r.Result()
+		require.NoError(t, err)
+		require.Equal(t, x.want, string(x.b[:st.Count]))
+		require.Equal(t, 1, st.Source)
+	}
+	r6, b6 := post(6)
+	require.True(t, r6.Done(), "the unexpected message did not match a later receive")
+	st, err := r6.Result()
+	require.NoError(t, err)
+	require.Equal(t, "one", string(b6[:st.Count]))
+
+	// A run whose second fragment is not a matching header: the first is
+	// delivered, the peer fails with a protocol error, the third is dropped.
+	r9, b9 := post(9)
+	r10, _ := post(10)
+	h4, d4 := frag(4, 9, "four")
+	bad := []byte{0xEE, 0, 0, 0}
+	h5, d5 := frag(5, 10, "five")
+	e.onMatchingRun(ep, [][]byte{h4, bad, h5}, [][]byte{d4, nil, d5})
+	require.True(t, r9.Done())
+	st, err = r9.Result()
+	require.NoError(t, err)
+	require.Equal(t, "four", string(b9[:st.Count]))
+	require.True(t, r10.Done(), "a receive from the failed peer still pending")
+	_, err = r10.Result()
+	require.Error(t, err)
+}
