@@ -172,7 +172,7 @@ func (c *Comm) Ibsend(buf any, dest, tag int) (*Request, error) {
 		return nil, err
 	}
 	if dest == ProcNull {
-		return doneRequest(c, nullStatus), nil
+		return doneRequest(nullStatus), nil
 	}
 	packed, release, err := bsendReserve(b)
 	if err != nil {
@@ -183,7 +183,7 @@ func (c *Comm) Ibsend(buf any, dest, tag int) (*Request, error) {
 		release()
 		return nil, err
 	}
-	return newRequest(c, r), nil
+	return newRequest(r), nil
 }
 
 func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
@@ -195,7 +195,7 @@ func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
 		return nil, err
 	}
 	if dest == ProcNull {
-		return doneRequest(c, Status{Source: ProcNull, Tag: tag}), nil
+		return doneRequest(Status{Source: ProcNull, Tag: tag}), nil
 	}
 	r, err := c.pc.IsendNow(pml.Buffer{Bytes: mem, Conv: conv}, dest, tag, mode)
 	if err != nil {
@@ -206,9 +206,9 @@ func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
 		if conv != nil {
 			n = conv.Size()
 		}
-		return doneRequest(c, Status{Source: dest, Tag: tag, Count: n}), nil
+		return doneRequest(Status{Source: dest, Tag: tag, Count: n}), nil
 	}
-	return newRequest(c, r), nil
+	return newRequest(r), nil
 }
 
 // Irecv starts a receive; buf must not be touched until the request completes.
@@ -221,13 +221,13 @@ func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
 		return nil, err
 	}
 	if source == ProcNull {
-		return doneRequest(c, nullStatus), nil
+		return doneRequest(nullStatus), nil
 	}
 	r, err := c.pc.Irecv(pml.Buffer{Bytes: mem, Conv: conv}, source, tag)
 	if err != nil {
 		return nil, err
 	}
-	return newRequest(c, r), nil
+	return newRequest(r), nil
 }
 
 // Probe blocks until a message from source with tag can be received and
@@ -313,13 +313,13 @@ func (m *Message) Irecv(buf any) (*Request, error) {
 		return nil, err
 	}
 	if m.null {
-		return doneRequest(m.c, nullStatus), nil
+		return doneRequest(nullStatus), nil
 	}
 	r, err := m.c.pc.Mrecv(m.r, b)
 	if err != nil {
 		return nil, err
 	}
-	return newRequest(m.c, r), nil
+	return newRequest(r), nil
 }
 
 // Abort ends every rank of the job: in-process (Run), every rank's pending

@@ -3,6 +3,7 @@ package mpi
 import (
 	"context"
 	"errors"
+	"math"
 	"sync/atomic"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
@@ -19,36 +20,50 @@ import (
 // touches the PML request, and only an unused one is given back), though
 // MPI calls waiting twice on one request erroneous.
 type Request struct {
-	c *Comm
 	// p is the PML request, set at creation and never changed (nil for a
 	// request done at once); gone says its result is here and p may be
 	// back in the pool. A plain p saves an atomic store, a locked
 	// instruction, per nonblocking call.
 	p *pml.Request
+	// extra holds the result's error and a count beyond 32 bits, when
+	// there are (rare): boxed, so that a Request takes 32 bytes. It is the
+	// one allocation of a nonblocking call, and its bytes set the garbage
+	// collector's pace in a message-rate loop (48 -> 32 bytes: sm rate
+	// 8 B +8%, docs/PERFORMANCE.md, "Fifth session").
+	extra *resultExtra
 	// state: the calls touching *p right now (low bits), taken (one call
 	// copies the result and gives p back) and gone (the result is here).
 	// One word, so that finishing costs two locked instructions, not three.
 	state atomic.Uint32
-	st    result
-	err   *error // the result's error, boxed when there is one: 8 bytes instead of 16
-}
-
-// result is a Status in 16 bytes (Cancelled is cancelledBit of state), so
-// that a Request (its error boxed) takes 48 bytes instead of 80: it is the
-// one allocation of a nonblocking call, and its bytes set the garbage
-// collector's pace in a message-rate loop. Ranks and tags fit in 32 bits
-// (TagUB is 2^30-1).
-type result struct {
+	// The result's source and tag (ranks and tags fit in 32 bits: TagUB is
+	// 2^30-1) and count (when extra is nil); Cancelled is cancelledBit.
 	source, tag int32
-	count       int
+	count       uint32
 }
 
-func toResult(st Status) (result, bool) {
-	return result{source: int32(st.Source), tag: int32(st.Tag), count: st.Count}, st.Cancelled
+type resultExtra struct {
+	err   error
+	count int
 }
 
-func (x result) status(cancelled bool) Status {
-	return Status{Source: int(x.source), Tag: int(x.tag), Count: x.count, Cancelled: cancelled}
+// setResult stores st and err (before gone is set).
+func (r *Request) setResult(st Status, err error) {
+	r.source, r.tag = int32(st.Source), int32(st.Tag)
+	if err != nil || uint64(st.Count) > math.MaxUint32 {
+		r.extra = &resultExtra{err: err, count: st.Count}
+		return
+	}
+	r.count = uint32(st.Count)
+}
+
+// stored returns the result copied here (acquire returned nil).
+func (r *Request) stored() (Status, error) {
+	st := Status{Source: int(r.source), Tag: int(r.tag), Count: int(r.count), Cancelled: r.state.Load()&cancelledBit != 0}
+	if x := r.extra; x != nil {
+		st.Count = x.count
+		return st, x.err
+	}
+	return st, nil
 }
 
 const (
@@ -61,24 +76,15 @@ const (
 // release drops a use taken by acquire.
 func (r *Request) release() { r.state.Add(^uint32(0)) }
 
-func newRequest(c *Comm, pr *pml.Request) *Request { return &Request{c: c, p: pr} }
+func newRequest(pr *pml.Request) *Request { return &Request{p: pr} }
 
-func doneRequest(c *Comm, st Status) *Request {
-	x, cancelled := toResult(st)
-	r := &Request{c: c, st: x}
-	if cancelled { // none of the callers' statuses is; kept correct anyway
+func doneRequest(st Status) *Request {
+	r := &Request{}
+	r.setResult(st, nil)
+	if st.Cancelled { // none of the callers' statuses is; kept correct anyway
 		r.state.Store(cancelledBit)
 	}
 	return r
-}
-
-// stored returns the result copied here (acquire returned nil).
-func (r *Request) stored() (Status, error) {
-	var err error
-	if r.err != nil {
-		err = *r.err
-	}
-	return r.st.status(r.state.Load()&cancelledBit != 0), err
 }
 
 // acquire returns the PML request with a use count held (release it with
@@ -92,6 +98,15 @@ func (r *Request) acquire() *pml.Request {
 		return nil
 	}
 	return r.p
+}
+
+// progress runs the engine of r's PML request once (nothing when the
+// result is already here).
+func (r *Request) progress() {
+	if pr := r.acquire(); pr != nil {
+		pr.Engine().Progress()
+		r.release()
+	}
 }
 
 func (r *Request) done() bool {
@@ -129,13 +144,8 @@ func (r *Request) finish(pr *pml.Request) (Status, error) {
 func (r *Request) finishTaken(pr *pml.Request) (Status, error) {
 	pst, err := pr.Result()
 	st := Status(pst)
-	x, cancelled := toResult(st)
-	r.st = x
-	if err != nil {
-		box := new(error) // not &err: that would move err to the heap on every call
-		*box = err
-		r.err = box
-	}
+	r.setResult(st, err)
+	cancelled := st.Cancelled
 	// Gone (later calls read st and err) and this call's use dropped, at
 	// once. A call that looks from now on sees gone: once the count is
 	// zero, nobody can reach pr any more.
@@ -168,7 +178,7 @@ func (r *Request) wait(ctx context.Context) (Status, error) {
 		// instead of three (acquire, taken, gone). A Wait without a
 		// context always ends with the result, so taking it first is
 		// safe; a WaitContext may give up, so it takes it at the end.
-		r.c.in.engine.Wait(nil, pr) // without a context it returns once pr is done
+		pr.Engine().Wait(nil, pr) // without a context it returns once pr is done
 		if r.state.Load()&usersMask > 1 {
 			pr.Wake() // another goroutine may be parked on pr too
 		}
@@ -178,7 +188,7 @@ func (r *Request) wait(ctx context.Context) (Status, error) {
 	if pr == nil {
 		return r.stored()
 	}
-	if err := r.c.in.engine.Wait(ctx, pr); err != nil {
+	if err := pr.Engine().Wait(ctx, pr); err != nil {
 		r.release()
 		return Status{}, err
 	}
@@ -206,7 +216,7 @@ func (r *Request) Test() (Status, bool, error) {
 		return st, true, err
 	}
 	if !pr.Done() {
-		r.c.in.engine.Progress()
+		pr.Engine().Progress()
 		if !pr.Done() {
 			r.release()
 			return Status{}, false, nil
@@ -224,7 +234,7 @@ func (r *Request) Cancel() error {
 		return mpierr.Errorf(mpierr.ErrArg, "nil request")
 	}
 	if pr := r.acquire(); pr != nil {
-		r.c.pc.Cancel(pr)
+		pr.Comm().Cancel(pr)
 		r.release()
 	}
 	return nil
@@ -281,7 +291,7 @@ func Waitany(reqs []*Request) (int, Status, error) {
 				releaseAll(reqs, prs)
 				return takeResult(reqs, i)
 			}
-			e = r.c.in.engine
+			e = prs[i].Engine()
 		}
 	}
 	if e == nil {
@@ -334,7 +344,7 @@ func Waitsome(reqs []*Request) ([]int, []Status, error) {
 func Testall(reqs []*Request) ([]Status, bool, error) {
 	for _, r := range reqs {
 		if r != nil && !r.done() {
-			r.c.in.engine.Progress()
+			r.progress()
 			if !r.done() {
 				return nil, false, nil
 			}
@@ -355,7 +365,7 @@ func Testany(reqs []*Request) (int, Status, bool, error) {
 		}
 		live = true
 		if !r.done() {
-			r.c.in.engine.Progress()
+			r.progress()
 		}
 		if r.done() {
 			i, st, err := takeResult(reqs, i)

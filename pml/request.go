@@ -128,6 +128,11 @@ func (r *Request) Done() bool { return r.done.Load() == r.gen+1 }
 // Result returns the status and error; valid once Done.
 func (r *Request) Result() (Status, error) { return r.status, r.err }
 
+// Engine is the engine r belongs to; Comm its communicator. For the mpi
+// layer, while it holds r (not after recycling it).
+func (r *Request) Engine() *Engine { return r.comm.e }
+func (r *Request) Comm() *Comm     { return r.comm }
+
 // Kind helpers for the mpi layer.
 func (r *Request) IsRecv() bool { return r.kind == kindRecv }
 
