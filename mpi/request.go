@@ -142,6 +142,16 @@ func (r *Request) finish(pr *pml.Request) (Status, error) {
 // finishTaken stores the result of pr, which is done, taken by this call
 // and held with a use count, and gives pr back when nobody else holds it.
 func (r *Request) finishTaken(pr *pml.Request) (Status, error) {
+	st, back, err := r.finishTakenKeep(pr)
+	if back != nil {
+		pml.Recycle(back)
+	}
+	return st, err
+}
+
+// finishTakenKeep is finishTaken that returns pr to the caller to give
+// back (nil when another call still holds it).
+func (r *Request) finishTakenKeep(pr *pml.Request) (Status, *pml.Request, error) {
 	pst, err := pr.Result()
 	st := Status(pst)
 	r.setResult(st, err)
@@ -154,9 +164,30 @@ func (r *Request) finishTaken(pr *pml.Request) (Status, error) {
 		add += cancelledBit
 	}
 	if r.state.Add(add)&usersMask == 0 {
-		pml.Recycle(pr)
+		return st, pr, err
 	}
-	return st, err
+	return st, nil, err
+}
+
+// waitAlone is Wait's common case: no other call on r yet. This one
+// takes the result (later calls see taken and leave it), with one use
+// held: two locked instructions per request (the swap and
+// finishTakenKeep's add) instead of three (acquire, taken, gone). A Wait
+// without a context always ends with the result, so taking it first is
+// safe; a WaitContext may give up, so it takes it at the end. back is the
+// PML request for the caller to give back; ok false: not the common case,
+// nothing done.
+func (r *Request) waitAlone() (st Status, back *pml.Request, ok bool, err error) {
+	pr := r.p
+	if pr == nil || !r.state.CompareAndSwap(0, takenBit|1) {
+		return Status{}, nil, false, nil
+	}
+	pr.Engine().Wait(nil, pr) // without a context it returns once pr is done
+	if r.state.Load()&usersMask > 1 {
+		pr.Wake() // another goroutine may be parked on pr too
+	}
+	st, back, err = r.finishTakenKeep(pr)
+	return st, back, true, err
 }
 
 // Wait blocks until the request completes and returns its status.
@@ -171,18 +202,13 @@ func (r *Request) wait(ctx context.Context) (Status, error) {
 	if r == nil {
 		return Status{}, mpierr.Errorf(mpierr.ErrArg, "nil request")
 	}
-	if pr := r.p; ctx == nil && pr != nil && r.state.CompareAndSwap(0, takenBit|1) {
-		// No other call on r yet: this one takes the result (later calls
-		// see taken and leave it), with one use held. Two locked
-		// instructions per request (this swap and finishTaken's add)
-		// instead of three (acquire, taken, gone). A Wait without a
-		// context always ends with the result, so taking it first is
-		// safe; a WaitContext may give up, so it takes it at the end.
-		pr.Engine().Wait(nil, pr) // without a context it returns once pr is done
-		if r.state.Load()&usersMask > 1 {
-			pr.Wake() // another goroutine may be parked on pr too
+	if ctx == nil {
+		if st, back, ok, err := r.waitAlone(); ok {
+			if back != nil {
+				pml.Recycle(back)
+			}
+			return st, err
 		}
-		return r.finishTaken(pr)
 	}
 	pr := r.acquire()
 	if pr == nil {
@@ -257,11 +283,35 @@ func WaitallInto(reqs []*Request, sts []Status) error {
 		return mpierr.Errorf(mpierr.ErrArg, "WaitallInto: %d statuses for %d requests", len(sts), len(reqs))
 	}
 	var errs []error
+	// The PML requests are given back in batches, to their engine's free
+	// list under one hold of its lock (pml.Engine.RecycleAll), rather
+	// than one by one to the sync.Pool, whose shared queue costs a locked
+	// instruction each way once a window overflows its per-processor slot.
+	var batch [64]*pml.Request
+	nb := 0
+	var be *pml.Engine
+	flush := func() {
+		if nb > 0 {
+			be.RecycleAll(batch[:nb])
+			clear(batch[:nb])
+			nb = 0
+		}
+	}
 	for i, r := range reqs {
 		if r == nil {
 			continue
 		}
-		st, err := r.Wait()
+		st, back, ok, err := r.waitAlone()
+		if !ok {
+			st, err = r.Wait()
+		} else if back != nil {
+			if e := back.Engine(); e != be || nb == len(batch) {
+				flush()
+				be = e
+			}
+			batch[nb] = back
+			nb++
+		}
 		if sts != nil {
 			sts[i] = st
 		}
@@ -269,6 +319,7 @@ func WaitallInto(reqs []*Request, sts []Status) error {
 			errs = append(errs, err)
 		}
 	}
+	flush()
 	return errors.Join(errs...)
 }
 

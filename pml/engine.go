@@ -86,6 +86,7 @@ type Engine struct {
 	nextCtx  uint32
 	reserved map[uint32]struct{} // context ids being agreed on (ProposeContext)
 	toStart  []*Request          // matched rendezvous receives to start outside the lock
+	free     []*Request          // clean requests for Irecv (RecycleAll), at most freeMax
 	scratch  frag                // the fragment being matched (aliases transport memory; copied when kept)
 	closed   error
 	// troubled is set once closed or any peer's failed is: the send fast
@@ -508,6 +509,47 @@ func newReq(owned bool) *Request {
 // Recycle gives a completed request back to the pool. The caller must
 // have seen it Done and must not touch it again.
 func Recycle(r *Request) { recycle(r) }
+
+// freeMax bounds an engine's free list of receive requests (~0.5 KiB each).
+const freeMax = 256
+
+// RecycleAll is Recycle for many requests at once (a Waitall's): the
+// poolable ones of this engine go to its free list, which Irecv takes
+// from, under one hold of the lock; the others as Recycle.
+func (e *Engine) RecycleAll(rs []*Request) {
+	n := 0
+	for _, r := range rs {
+		if r.Done() && r.poolable() && r.comm != nil && r.comm.e == e {
+			r.reset()
+			rs[n] = r
+			n++
+		} else {
+			recycle(r)
+		}
+	}
+	if n == 0 {
+		return
+	}
+	e.mu.Lock()
+	k := min(n, freeMax-len(e.free))
+	e.free = append(e.free, rs[:k]...)
+	e.mu.Unlock()
+	for _, r := range rs[k:n] {
+		reqPool.Put(r)
+	}
+}
+
+// takeFreeLocked returns a clean receive request: from the free list, or
+// the pool. Called with e.mu held.
+func (e *Engine) takeFreeLocked() *Request {
+	if n := len(e.free); n > 0 {
+		r := e.free[n-1]
+		e.free[n-1] = nil
+		e.free = e.free[:n-1]
+		return r
+	}
+	return newReq(true)
+}
 
 // recycle gives r back to the pool once it is done.
 func recycle(r *Request) {

@@ -597,12 +597,7 @@ func (c *Comm) check() error {
 // Irecv posts a receive into buf from communicator rank src (or AnySource)
 // with tag (or AnyTag). The caller validated src and tag.
 func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
-	r := newReq(true)
-	if err := c.postRecv(r, buf, src, tag, kindRecv); err != nil {
-		recycleUnstarted(r)
-		return nil, err
-	}
-	return r, nil
+	return c.postRecvFree(buf, src, tag)
 }
 
 // Recv is a blocking receive; it allocates nothing for an eager message.
@@ -657,21 +652,46 @@ func (e *Engine) putSpare(r *Request) {
 }
 
 func (c *Comm) postRecv(r *Request, buf Buffer, src, tag int, kind reqKind) error {
-	e := c.e
+	r.setRecv(kind, c, src, tag, buf)
+	_, err := c.postRecvLocking(r, buf, src, tag, kind)
+	return err
+}
+
+// setRecv fills in a receive's fields. Field by field: a whole-Buffer
+// store is a 16-byte copy of the argument's spilled words, a stalled load
+// (~5 ns, perf annotate).
+func (r *Request) setRecv(kind reqKind, c *Comm, src, tag int, buf Buffer) {
 	r.kind, r.comm, r.peer, r.tag = kind, c, src, tag
-	// Field by field: a whole-Buffer store is a 16-byte copy of the
-	// argument's spilled words, a stalled load (~5 ns, perf annotate).
 	r.buf.Bytes, r.buf.Conv = buf.Bytes, buf.Conv
+}
+
+// postRecvFree is Irecv: postRecv with a request taken, once the checks
+// passed, from the engine's free list under the lock the post takes
+// anyway, instead of from the sync.Pool (whose shared queue costs a
+// locked instruction each way once a window of receives overflows its
+// per-processor slot).
+func (c *Comm) postRecvFree(buf Buffer, src, tag int) (*Request, error) {
+	return c.postRecvLocking(nil, buf, src, tag, kindRecv)
+}
+
+// postRecvLocking posts r (set up by the caller), or, when r is nil, a
+// receive request it takes from the free list and sets up.
+func (c *Comm) postRecvLocking(r *Request, buf Buffer, src, tag int, kind reqKind) (*Request, error) {
+	e := c.e
 	e.mu.Lock()
 	if err := c.check(); err != nil {
 		e.mu.Unlock()
-		return err
+		return nil, err
 	}
 	if src != AnySource {
 		if p := e.peers[c.group[src]].Load(); p != nil && p.failed != nil {
 			e.mu.Unlock()
-			return p.failed
+			return nil, p.failed
 		}
+	}
+	if r == nil {
+		r = e.takeFreeLocked()
+		r.setRecv(kind, c, src, tag, buf)
 	}
 	if f := c.m.findUnexpected(src, tag); f != nil {
 		switch kind {
@@ -704,7 +724,7 @@ func (c *Comm) postRecv(r *Request, buf Buffer, src, tag int, kind reqKind) erro
 	if start {
 		e.runStarts()
 	}
-	return nil
+	return r, nil
 }
 
 // Iprobe reports whether a message matching (src, tag) can be received,

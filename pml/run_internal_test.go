@@ -75,3 +75,36 @@ func TestMatchingRun(t *testing.T) {
 	_, err = r10.Result()
 	require.Error(t, err)
 }
+
+// RecycleAll keeps at most freeMax requests for Irecv, only done ones of
+// its own engine, and Irecv takes them back.
+func TestRecycleAllFreeList(t *testing.T) {
+	cs := selfComms(t, 2)
+	c0, c1 := cs[0], cs[1]
+	const n = freeMax + 40
+	reqs := make([]*Request, n)
+	buf := make([]byte, 8)
+	for i := range reqs {
+		r, err := c0.Irecv(Buffer{Bytes: buf}, 1, 3)
+		require.NoError(t, err)
+		reqs[i] = r
+	}
+	pending, err := c0.Irecv(Buffer{Bytes: buf}, 1, 4) // never sent: not done
+	require.NoError(t, err)
+	for range n {
+		require.NoError(t, c1.Send(Buffer{Bytes: buf}, 0, 3, Standard))
+	}
+	for _, r := range reqs {
+		require.True(t, r.Done())
+	}
+	c0.e.RecycleAll(append([]*Request{pending}, reqs...))
+	require.Len(t, c0.e.free, freeMax)
+	require.NotContains(t, c0.e.free, pending, "a pending request was recycled")
+	last := c0.e.free[len(c0.e.free)-1]
+	r, err := c0.Irecv(Buffer{Bytes: buf}, 1, 5)
+	require.NoError(t, err)
+	require.Same(t, last, r, "Irecv did not take from the free list")
+	require.Len(t, c0.e.free, freeMax-1)
+	require.False(t, r.Done())
+	require.False(t, pending.Done())
+}

@@ -1,6 +1,7 @@
 package sm
 
 import (
+	"bytes"
 	"slices"
 	"testing"
 
@@ -131,4 +132,46 @@ func TestRuns(t *testing.T) {
 		require.Equal(t, fill(0, w.seq, w.size), f.data, "fragment %d", w.seq)
 	}
 	require.Greater(t, slices.Max(runs), 1, "no run of more than one fragment: %v", runs)
+}
+
+// TestInlineLayouts: inline fast-box entries of every header and payload
+// length up to a few lines, at every position in the ring's lines (the
+// first line of an entry is written last), arrive byte for byte.
+func TestInlineLayouts(t *testing.T) {
+	ranks := openJob(t, btltest.NewStore(), 2, [2]string{paramFboxThreshold, "1"}, [2]string{paramFboxSize, "1k"})
+	in := newInbox(ranks[1].env.Dispatch, tagData)
+	ep, err := ranks[0].m.AddProc(1)
+	require.NoError(t, err)
+	_, err = ranks[1].m.AddProc(0)
+	require.NoError(t, err)
+	m := ranks[1].m
+	mk := func(n, seed int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(seed*131 + i*7 + 1)
+		}
+		return b
+	}
+	count := 0
+	for hn := 0; hn <= 40; hn += 3 {
+		for dn := 0; dn <= 180; dn += 7 {
+			h, d := mk(hn, count), mk(dn, count+1000)
+			for ep.SendImmediate(tagData, h, d) != nil {
+				m.Progress()
+			}
+			count++
+			for got, _ := in.count(); got < count; got, _ = in.count() {
+				m.Progress()
+			}
+			in.mu.Lock()
+			f := in.frags[count-1]
+			in.mu.Unlock()
+			require.True(t, bytes.Equal(h, f.hdr), "header %d bytes, payload %d: header %x", hn, dn, f.hdr)
+			require.True(t, bytes.Equal(d, f.data), "header %d bytes, payload %d: payload %x", hn, dn, f.data)
+		}
+	}
+	e := ep.(*endpoint)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	require.NotNil(t, e.tx, "no fast box was set up: the entries went through the FIFO")
 }
