@@ -597,7 +597,10 @@ func (c *Comm) check() error {
 // Irecv posts a receive into buf from communicator rank src (or AnySource)
 // with tag (or AnyTag). The caller validated src and tag.
 func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
-	return c.postRecvFree(buf, src, tag)
+	// buf's fields go on separately: a Buffer (40 bytes) passed on whole
+	// is copied through memory with stalling wide loads (perf annotate:
+	// most of this function's time).
+	return c.postRecvLocking(nil, buf.Bytes, buf.Conv, src, tag, kindRecv)
 }
 
 // Recv is a blocking receive; it allocates nothing for an eager message.
@@ -605,7 +608,7 @@ func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	e := c.e
 	r := e.takeSpare()
 	r.parks = !e.poll.active() // in-process: Wait parks at once (spinWait)
-	if err := c.postRecv(r, buf, src, tag, kindRecv); err != nil {
+	if err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv); err != nil {
 		recycleUnstarted(r)
 		return Status{}, err
 	}
@@ -651,32 +654,25 @@ func (e *Engine) putSpare(r *Request) {
 	spares.Put(r)
 }
 
-func (c *Comm) postRecv(r *Request, buf Buffer, src, tag int, kind reqKind) error {
-	r.setRecv(kind, c, src, tag, buf)
-	_, err := c.postRecvLocking(r, buf, src, tag, kind)
+func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind reqKind) error {
+	r.setRecv(kind, c, src, tag, b, conv)
+	_, err := c.postRecvLocking(r, b, conv, src, tag, kind)
 	return err
 }
 
-// setRecv fills in a receive's fields. Field by field: a whole-Buffer
-// store is a 16-byte copy of the argument's spilled words, a stalled load
-// (~5 ns, perf annotate).
-func (r *Request) setRecv(kind reqKind, c *Comm, src, tag int, buf Buffer) {
+// setRecv fills in a receive's fields. Its buffer comes in its fields: a
+// whole Buffer is copied through memory with stalling wide loads.
+func (r *Request) setRecv(kind reqKind, c *Comm, src, tag int, b []byte, conv Convertor) {
 	r.kind, r.comm, r.peer, r.tag = kind, c, src, tag
-	r.buf.Bytes, r.buf.Conv = buf.Bytes, buf.Conv
+	r.buf.Bytes, r.buf.Conv = b, conv
 }
 
-// postRecvFree is Irecv: postRecv with a request taken, once the checks
-// passed, from the engine's free list under the lock the post takes
-// anyway, instead of from the sync.Pool (whose shared queue costs a
-// locked instruction each way once a window of receives overflows its
-// per-processor slot).
-func (c *Comm) postRecvFree(buf Buffer, src, tag int) (*Request, error) {
-	return c.postRecvLocking(nil, buf, src, tag, kindRecv)
-}
-
-// postRecvLocking posts r (set up by the caller), or, when r is nil, a
-// receive request it takes from the free list and sets up.
-func (c *Comm) postRecvLocking(r *Request, buf Buffer, src, tag int, kind reqKind) (*Request, error) {
+// postRecvLocking posts r (set up by the caller), or, when r is nil (as
+// for Irecv), a receive request it takes, once the checks passed, from the
+// engine's free list under the lock the post takes anyway, instead of from
+// the sync.Pool (whose shared queue costs a locked instruction each way
+// once a window of receives overflows its per-processor slot).
+func (c *Comm) postRecvLocking(r *Request, b []byte, conv Convertor, src, tag int, kind reqKind) (*Request, error) {
 	e := c.e
 	e.mu.Lock()
 	if err := c.check(); err != nil {
@@ -691,7 +687,7 @@ func (c *Comm) postRecvLocking(r *Request, buf Buffer, src, tag int, kind reqKin
 	}
 	if r == nil {
 		r = e.takeFreeLocked()
-		r.setRecv(kind, c, src, tag, buf)
+		r.setRecv(kind, c, src, tag, b, conv)
 	}
 	if f := c.m.findUnexpected(src, tag); f != nil {
 		switch kind {
@@ -747,7 +743,7 @@ func (c *Comm) Iprobe(src, tag int) (Status, bool, error) {
 func (c *Comm) Probe(ctx context.Context, src, tag int) (Status, error) {
 	r := newReq(true)
 	defer recycle(r)
-	if err := c.postRecv(r, Buffer{}, src, tag, kindProbe); err != nil {
+	if err := c.postRecv(r, nil, nil, src, tag, kindProbe); err != nil {
 		return Status{}, err
 	}
 	if err := c.e.Wait(ctx, r); err != nil {
@@ -785,7 +781,7 @@ func (c *Comm) Improbe(src, tag int) (*Request, Status, bool, error) {
 // Mprobe blocks until a matching message arrives and removes it from matching.
 func (c *Comm) Mprobe(ctx context.Context, src, tag int) (*Request, Status, error) {
 	r := newReq(false)
-	if err := c.postRecv(r, Buffer{}, src, tag, kindMprobe); err != nil {
+	if err := c.postRecv(r, nil, nil, src, tag, kindMprobe); err != nil {
 		return nil, Status{}, err
 	}
 	if err := c.e.Wait(ctx, r); err != nil {

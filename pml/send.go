@@ -23,7 +23,7 @@ func (c *Comm) Isend(buf Buffer, dest, tag int, mode Mode, release func()) (*Req
 // eagerly and completes during the call.
 func (c *Comm) Send(buf Buffer, dest, tag int, mode Mode) error {
 	e := c.e
-	if done, err := c.trySendNow(buf, dest, tag, mode); done || err != nil {
+	if done, err := c.trySendNow(buf.Bytes, buf.Conv, dest, tag, mode); done || err != nil {
 		return err
 	}
 	r := newReq(true)
@@ -60,8 +60,8 @@ func (c *Comm) target(dest int) (*peer, error) {
 
 // trySendNow sends a small standard-mode message without a request when
 // the transport takes it at once. done reports whether it was sent.
-func (c *Comm) trySendNow(buf Buffer, dest, tag int, mode Mode) (bool, error) {
-	r, done, err := c.sendNow(buf, dest, tag, mode)
+func (c *Comm) trySendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (bool, error) {
+	r, done, err := c.sendNow(b, conv, dest, tag, mode)
 	if r != nil {
 		c.e.Wait(nil, r)
 		err = r.err
@@ -75,7 +75,7 @@ func (c *Comm) trySendNow(buf Buffer, dest, tag int, mode Mode) (bool, error) {
 // (ob1's isend tries the transport's immediate send the same way, before
 // it allocates a request). Otherwise it returns the request in flight.
 func (c *Comm) IsendNow(buf Buffer, dest, tag int, mode Mode) (*Request, error) {
-	r, done, err := c.sendNow(buf, dest, tag, mode)
+	r, done, err := c.sendNow(buf.Bytes, buf.Conv, dest, tag, mode)
 	if err != nil || done {
 		return r, err
 	}
@@ -86,8 +86,10 @@ func (c *Comm) IsendNow(buf Buffer, dest, tag int, mode Mode) (*Request, error) 
 // it took the message: then either it is gone (r nil) or it went to the
 // transport from the user's buffer under r (r must be waited on and
 // recycled). done false: the general path must carry it; nothing changed.
-func (c *Comm) sendNow(buf Buffer, dest, tag int, mode Mode) (r *Request, done bool, err error) {
-	if mode == Synchronous || mode == Buffered || buf.Conv != nil {
+// The buffer comes in its fields: a whole Buffer (40 bytes) passed on is
+// copied through memory with stalling wide loads.
+func (c *Comm) sendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (r *Request, done bool, err error) {
+	if mode == Synchronous || mode == Buffered || conv != nil {
 		return nil, false, nil
 	}
 	p, err := c.target(dest)
@@ -96,8 +98,8 @@ func (c *Comm) sendNow(buf Buffer, dest, tag int, mode Mode) (r *Request, done b
 	}
 	e := c.e
 	proto := EagerImmediate // what Select answers here (select_test checks peer.immMax)
-	if e.force != ForceNone || len(buf.Bytes) > p.immMax {
-		proto = Select(SendInfo{Mode: mode, Size: len(buf.Bytes), Contiguous: true, Caps: p.caps, Limits: p.lim, LeavePinned: e.leavePinned, Force: e.force})
+	if e.force != ForceNone || len(b) > p.immMax {
+		proto = Select(SendInfo{Mode: mode, Size: len(b), Contiguous: true, Caps: p.caps, Limits: p.lim, LeavePinned: e.leavePinned, Force: e.force})
 		if !proto.Eager() || proto == EagerAllocated {
 			return nil, false, nil
 		}
@@ -107,8 +109,8 @@ func (c *Comm) sendNow(buf Buffer, dest, tag int, mode Mode) (r *Request, done b
 		// The header by value, on this stack: no pooled buffer.
 		var h [hdr.MatchLen]byte
 		m.Encode(h[:])
-		if err = p.hs.SendImmediateHeader(btl.Tag(hdr.TypeMatch), h, buf.Bytes); err == nil {
-			e.count(EagerImmediate, len(buf.Bytes))
+		if err = p.hs.SendImmediateHeader(btl.Tag(hdr.TypeMatch), h, b); err == nil {
+			e.count(EagerImmediate, len(b))
 			return nil, true, nil
 		}
 		proto = EagerPrepared // refused (ErrWouldBlock): as below
@@ -116,18 +118,19 @@ func (c *Comm) sendNow(buf Buffer, dest, tag int, mode Mode) (r *Request, done b
 	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
 	n := m.Encode(hb[:])
 	if proto == EagerImmediate {
-		err = p.ep.SendImmediate(btl.Tag(hdr.TypeMatch), hb[:n], buf.Bytes)
+		err = p.ep.SendImmediate(btl.Tag(hdr.TypeMatch), hb[:n], b)
 		if err == nil {
 			hdrPool.Put(hb)
-			e.count(EagerImmediate, len(buf.Bytes))
+			e.count(EagerImmediate, len(b))
 			return nil, true, nil
 		}
 	}
 	// Prepared: from the user buffer (the sequence number is taken).
 	r = newReq(true)
-	r.kind, r.comm, r.peer, r.tag, r.buf, r.mode, r.proto = kindSend, c, dest, tag, buf, mode, EagerPrepared
-	r.msgLen, r.peerWorld, r.ep = len(buf.Bytes), p.world, p.ep
-	e.count(EagerPrepared, len(buf.Bytes))
+	r.kind, r.comm, r.peer, r.tag, r.mode, r.proto = kindSend, c, dest, tag, mode, EagerPrepared
+	r.buf.Bytes = b
+	r.msgLen, r.peerWorld, r.ep = len(b), p.world, p.ep
+	e.count(EagerPrepared, len(b))
 	sent, err := c.sendEager(r, p, hb[:n])
 	hdrPool.Put(hb)
 	if err != nil {
