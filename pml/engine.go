@@ -515,7 +515,8 @@ const freeMax = 256
 
 // RecycleAll is Recycle for many requests at once (a Waitall's): the
 // poolable ones of this engine go to its free list, which Irecv takes
-// from, under one hold of the lock; the others as Recycle.
+// from, under one hold of the lock; the others as Recycle. It reorders rs
+// (scratch space for it); the caller must not touch the requests again.
 func (e *Engine) RecycleAll(rs []*Request) {
 	n := 0
 	for _, r := range rs {
