@@ -11,17 +11,26 @@ import (
 	"github.com/gompi-org/gompi/btl/btltest"
 )
 
+// connected opens a job of two ranks with the overrides, rank 1 taking
+// tags with a test inbox, and returns the ranks and rank 0's endpoint to
+// rank 1 (each rank has added the other).
+func connected(t *testing.T, tags []btl.Tag, overrides ...[2]string) ([]*testRank, *inbox, btl.Endpoint) {
+	t.Helper()
+	ranks := openJob(t, btltest.NewStore(), 2, overrides...)
+	in := newInbox(ranks[1].env.Dispatch, tags...)
+	ep, err := ranks[0].m.AddProc(1)
+	require.NoError(t, err)
+	_, err = ranks[1].m.AddProc(0)
+	require.NoError(t, err)
+	return ranks, in, ep
+}
+
 // TestHeldPoll: a goroutine holding the poll lock (BeginPoll) receives
 // with PollHeld while other callers' Progress returns 0 at once; once it
 // calls EndPoll, Progress polls again. The fragments arrive whole and in
 // order whichever call took them.
 func TestHeldPoll(t *testing.T) {
-	ranks := openJob(t, btltest.NewStore(), 2)
-	in := newInbox(ranks[1].env.Dispatch, tagData)
-	ep, err := ranks[0].m.AddProc(1)
-	require.NoError(t, err)
-	_, err = ranks[1].m.AddProc(0)
-	require.NoError(t, err)
+	ranks, in, ep := connected(t, []btl.Tag{tagData})
 	m := ranks[1].m
 
 	const count = 200 // past the fast-box threshold: FIFO first, then the box
@@ -74,8 +83,7 @@ func TestHeldPoll(t *testing.T) {
 // RunHandler in runs, in order with the fragments around them (another
 // tag, a large one through the FIFO), each whole.
 func TestRuns(t *testing.T) {
-	ranks := openJob(t, btltest.NewStore(), 2, [2]string{paramFboxThreshold, "1"})
-	in := newInbox(ranks[1].env.Dispatch, tagData, tagPing)
+	ranks, in, ep := connected(t, []btl.Tag{tagData, tagPing}, [2]string{paramFboxThreshold, "1"})
 	var runs []int
 	ranks[1].env.Dispatch.RegisterRun(tagData, func(ep btl.Endpoint, hdrs, datas [][]byte) {
 		runs = append(runs, len(hdrs))
@@ -85,10 +93,6 @@ func TestRuns(t *testing.T) {
 		}
 		in.mu.Unlock()
 	})
-	ep, err := ranks[0].m.AddProc(1)
-	require.NoError(t, err)
-	_, err = ranks[1].m.AddProc(0)
-	require.NoError(t, err)
 	m := ranks[1].m
 	// Set the fast box up: the first fragment announces it.
 	require.NoError(t, ep.SendImmediate(tagData, seqHdr(0, 0, 8), fill(0, 0, 8)))
@@ -138,12 +142,7 @@ func TestRuns(t *testing.T) {
 // length up to a few lines, at every position in the ring's lines (the
 // first line of an entry is written last), arrive byte for byte.
 func TestInlineLayouts(t *testing.T) {
-	ranks := openJob(t, btltest.NewStore(), 2, [2]string{paramFboxThreshold, "1"}, [2]string{paramFboxSize, "1k"})
-	in := newInbox(ranks[1].env.Dispatch, tagData)
-	ep, err := ranks[0].m.AddProc(1)
-	require.NoError(t, err)
-	_, err = ranks[1].m.AddProc(0)
-	require.NoError(t, err)
+	ranks, in, ep := connected(t, []btl.Tag{tagData}, [2]string{paramFboxThreshold, "1"}, [2]string{paramFboxSize, "1k"})
 	m := ranks[1].m
 	mk := func(n, seed int) []byte {
 		b := make([]byte, n)

@@ -110,15 +110,7 @@ func BenchmarkPMLWindow(b *testing.B) {
 					}
 				}
 			}
-			for range 10 {
-				round()
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for b.Loop() {
-				round()
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/window/1000, "us/msg")
+			rounds(b, 10, round, window*1000, "us/msg")
 		})
 	}
 }
@@ -153,7 +145,13 @@ func BenchmarkPMLRecvWindow(b *testing.B) {
 			pml.Recycle(r)
 		}
 	}
-	for range 100 {
+	rounds(b, 100, round, window, "ns/msg")
+}
+
+// rounds runs round warm times, then as the benchmark's loop, and reports
+// the nanoseconds per round divided by per as unit.
+func rounds(b *testing.B, warm int, round func(), per float64, unit string) {
+	for range warm {
 		round()
 	}
 	b.ReportAllocs()
@@ -161,5 +159,5 @@ func BenchmarkPMLRecvWindow(b *testing.B) {
 	for b.Loop() {
 		round()
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/window, "ns/msg")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/per, unit)
 }
