@@ -77,49 +77,30 @@ type Request struct {
 // reqState is everything a recycled request starts again from zero with
 // (one block clear instead of a field-by-field reset).
 type reqState struct {
-	reqRefs
-	reqScalars
-}
-
-// reqRefs are the request fields that hold pointers. reset clears them one
-// by one and only when set: a whole-struct clear of a type with pointers
-// takes a bulk write barrier over every pointer slot while the garbage
-// collector marks (7% of the receiver's samples in a rate loop).
-// TestResetClearsEverything fills every field and checks reset.
-type reqRefs struct {
-	err     error        // result, valid once done
-	comm    *Comm        // immutable after start
-	buf     Buffer       // immutable after start
-	release func()       // Bsend: return the attached-buffer space at PML completion
-	next    *Request     // matching (guarded by Engine.mu)
-	prev    *Request     // matching
-	list    *reqList     // matching
-	frag    *frag        // Mprobe: the matched message
-	ep      btl.Endpoint // protocol state (guarded by Engine.mu unless noted)
-	ranges  []span       // send: copy ranges still to send; recv: PUT ranges still to request (reset keeps the array)
-	reg     btl.Registration
-	regs    map[uint64]btl.Registration // recv: per-PUT registrations by offset
-	handle  []byte                      // recv: the RGET's registration handle (copied)
-}
-
-// reqScalars are the pointer-free request fields: reset clears them at once.
-type reqScalars struct {
 	kind reqKind
 
 	// result, valid once done
 	status Status
+	err    error
 
 	// immutable after start
-	peer  int // communicator rank: destination (send) or posted source (recv)
-	tag   int
-	mode  Mode
-	proto Protocol
-	id    uint64
+	comm    *Comm
+	peer    int // communicator rank: destination (send) or posted source (recv)
+	tag     int
+	buf     Buffer
+	mode    Mode
+	proto   Protocol
+	id      uint64
+	release func() // Bsend: return the attached-buffer space at PML completion
 
 	// matching (guarded by Engine.mu)
-	postSeq uint64
+	postSeq    uint64
+	next, prev *Request
+	list       *reqList
+	frag       *frag // Mprobe: the matched message
 
 	// protocol state (guarded by Engine.mu unless noted)
+	ep        btl.Endpoint
 	msgLen    int // send: packed size; recv: sender's size
 	received  int // recv: bytes that arrived (counted up to msgLen)
 	stored    int // recv: bytes that fit (min(msgLen, capacity))
@@ -128,10 +109,14 @@ type reqScalars struct {
 	dstReq    uint64 // send: receiver's request id
 	srcReq    uint64 // recv: sender's request id
 	inflight  int    // send: FRAGs in flight; recv: PUTs in flight
-	pmlDone   bool   // send: protocol finished (Bsend completes MPI-level earlier)
+	ranges    []span // send: copy ranges still to send; recv: PUT ranges still to request
+	reg       btl.Registration
+	regs      map[uint64]btl.Registration // recv: per-PUT registrations by offset
+	pmlDone   bool                        // send: protocol finished (Bsend completes MPI-level earlier)
 	mpiDone   bool
 	peerWorld int
-	flags     uint8 // recv: flags of the matched RNDV/RGET
+	flags     uint8  // recv: flags of the matched RNDV/RGET
+	handle    []byte // recv: the RGET's registration handle (copied)
 	hbuf      [48]byte
 }
 
@@ -364,40 +349,5 @@ func (r *Request) reset() {
 	if r.sched.Load() != 0 {
 		r.sched.Store(0)
 	}
-	r.reqScalars = reqScalars{}
-	f := &r.reqRefs
-	if f.err != nil {
-		f.err = nil
-	}
-	if f.comm != nil {
-		f.comm = nil
-	}
-	if f.buf.Bytes != nil {
-		f.buf.Bytes = nil
-	}
-	if f.buf.Conv != nil {
-		f.buf.Conv = nil
-	}
-	if f.release != nil {
-		f.release = nil
-	}
-	if f.next != nil || f.prev != nil || f.list != nil {
-		f.next, f.prev, f.list = nil, nil, nil
-	}
-	if f.frag != nil {
-		f.frag = nil
-	}
-	if f.ep != nil {
-		f.ep = nil
-	}
-	f.ranges = f.ranges[:0]
-	if f.reg != nil {
-		f.reg = nil
-	}
-	if f.regs != nil {
-		f.regs = nil
-	}
-	if f.handle != nil {
-		f.handle = nil
-	}
+	r.reqState = reqState{ranges: r.ranges[:0]}
 }

@@ -1,14 +1,10 @@
 package pml
 
 import (
-	"errors"
-	"reflect"
 	"testing"
-	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/pml/hdr"
 )
 
@@ -112,90 +108,3 @@ func TestRecycleAllFreeList(t *testing.T) {
 	require.False(t, r.Done())
 	require.False(t, pending.Done())
 }
-
-// reset clears the pointer fields one by one: every field of reqRefs and
-// reqScalars, filled with something, must be zero after it (ranges keeps
-// its array with length 0), and reqScalars must stay free of pointers.
-func TestResetClearsEverything(t *testing.T) {
-	r := allocReq()
-	fill := func(v reflect.Value) {
-		for i := range v.NumField() {
-			f := v.Field(i)
-			f = reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem() // unexported
-			switch f.Kind() {
-			case reflect.Bool:
-				f.SetBool(true)
-			case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-				f.SetInt(1)
-			case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-				f.SetUint(1)
-			case reflect.Array:
-				f.Index(0).Set(reflect.ValueOf(byte(1)).Convert(f.Type().Elem()))
-			case reflect.Struct:
-				if f.Type() == reflect.TypeOf(Status{}) {
-					f.Set(reflect.ValueOf(Status{Source: 1, Tag: 1, Count: 1, Cancelled: true}))
-				} else if f.Type() == reflect.TypeOf(Buffer{}) {
-					f.Set(reflect.ValueOf(Buffer{Bytes: []byte{1}, Conv: stubConv{}}))
-				} else {
-					t.Fatalf("field %s: fill this struct type", v.Type().Field(i).Name)
-				}
-			case reflect.Pointer:
-				f.Set(reflect.New(f.Type().Elem()))
-			case reflect.Slice:
-				f.Set(reflect.MakeSlice(f.Type(), 1, 1))
-			case reflect.Map:
-				f.Set(reflect.MakeMap(f.Type()))
-			case reflect.Func:
-				f.Set(reflect.MakeFunc(f.Type(), func([]reflect.Value) []reflect.Value { return nil }))
-			case reflect.Interface:
-				switch f.Type() {
-				case reflect.TypeOf((*error)(nil)).Elem():
-					f.Set(reflect.ValueOf(errors.New("x")))
-				case reflect.TypeOf((*btl.Endpoint)(nil)).Elem():
-					f.Set(reflect.ValueOf(stubEP{}))
-				case reflect.TypeOf((*btl.Registration)(nil)).Elem():
-					f.Set(reflect.ValueOf(stubReg{}))
-				default:
-					t.Fatalf("field %s of interface type %s: fill it", v.Type().Field(i).Name, f.Type())
-				}
-			default:
-				t.Fatalf("field %s of kind %s: fill it", v.Type().Field(i).Name, f.Kind())
-			}
-		}
-	}
-	fill(reflect.ValueOf(&r.reqRefs).Elem())
-	fill(reflect.ValueOf(&r.reqScalars).Elem())
-	r.reset()
-	for _, v := range []reflect.Value{reflect.ValueOf(r.reqRefs), reflect.ValueOf(r.reqScalars)} {
-		for i := range v.NumField() {
-			name := v.Type().Field(i).Name
-			f := v.Field(i)
-			if name == "ranges" {
-				require.Zero(t, f.Len(), "ranges not emptied")
-				continue
-			}
-			require.True(t, f.IsZero(), "reset left field %s set", name)
-		}
-	}
-	var hasPointers func(reflect.Type) bool
-	hasPointers = func(ty reflect.Type) bool {
-		switch ty.Kind() {
-		case reflect.Pointer, reflect.Slice, reflect.Map, reflect.Func, reflect.Interface, reflect.Chan, reflect.String, reflect.UnsafePointer:
-			return true
-		case reflect.Array:
-			return hasPointers(ty.Elem())
-		case reflect.Struct:
-			for i := range ty.NumField() {
-				if hasPointers(ty.Field(i).Type) {
-					return true
-				}
-			}
-		}
-		return false
-	}
-	require.False(t, hasPointers(reflect.TypeOf(reqScalars{})), "reqScalars has a pointer field: move it to reqRefs and clear it in reset")
-}
-
-type stubConv struct{ Convertor }
-
-type stubReg struct{ btl.Registration }
