@@ -852,3 +852,68 @@ func TestWaitallInto(t *testing.T) {
 		return mpi.WaitallInto(reqs, nil) // statuses ignored
 	})
 }
+
+// Waitall gives its requests back to the engine in batches; another
+// goroutine testing and waiting on the same requests meanwhile must see
+// the same results, and the requests reused by later windows must carry
+// their own messages, byte for byte.
+func TestWaitallSharedWindow(t *testing.T) {
+	const windows, window = 40, 16
+	mustRun(t, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			for k := range windows * window {
+				if err := w.Send([]int64{int64(k)}, 1, k%3); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		for win := range windows {
+			reqs := make([]*mpi.Request, window)
+			bufs := make([][]int64, window)
+			for i := range reqs {
+				bufs[i] = make([]int64, 1)
+				var err error
+				if reqs[i], err = w.Irecv(bufs[i], 0, (win*window+i)%3); err != nil {
+					return err
+				}
+			}
+			other := make([]mpi.Status, window)
+			otherErr := make(chan error, 1)
+			go func() {
+				for i, r := range reqs {
+					for {
+						st, done, err := r.Test()
+						if err != nil {
+							otherErr <- err
+							return
+						}
+						if done {
+							other[i] = st
+							break
+						}
+						runtime.Gosched()
+					}
+				}
+				otherErr <- nil
+			}()
+			sts, err := mpi.Waitall(reqs)
+			if err != nil {
+				return err
+			}
+			if err := <-otherErr; err != nil {
+				return err
+			}
+			for i := range reqs {
+				k := win*window + i
+				if bufs[i][0] != int64(k) || sts[i].Tag != k%3 || sts[i].Count != 8 {
+					return fmt.Errorf("window %d request %d: got %d, status %+v; want message %d", win, i, bufs[i][0], sts[i], k)
+				}
+				if other[i] != sts[i] {
+					return fmt.Errorf("window %d request %d: Test saw %+v, Waitall %+v", win, i, other[i], sts[i])
+				}
+			}
+		}
+		return nil
+	})
+}
