@@ -166,8 +166,9 @@ type Module interface {
 // header by value: SendImmediateHeader(tag, h, data) is
 // SendImmediate(tag, h[:], data). A slice passed through the Endpoint
 // interface escapes, so a caller of SendImmediate must keep its header on
-// the heap (the PML took a pooled buffer per message, about 15 ns); an
-// array passed by value stays on the caller's stack.
+// the heap (the PML took a pooled buffer per message); an array passed by
+// value stays on the caller's stack (go test -bench 'PMLRoundTrip/size=8B$'
+// ./btl/sm: 0.1714 -> 0.1644 us per one-way message).
 type HeaderSender interface {
 	SendImmediateHeader(tag Tag, h [16]byte, data []byte) error
 }

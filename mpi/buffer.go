@@ -74,7 +74,8 @@ func toBuffer(buf any, send bool) (pml.Buffer, error) {
 // Recv, Isend, Irecv): they build the pml.Buffer in the call's arguments.
 // A pml.Buffer is 40 bytes, more than the compiler keeps in registers, so
 // one returned by value is copied through memory with 16-byte loads of
-// narrower stores, which stall (about 5 ns a call; perf annotate).
+// narrower stores, which stall (perf annotate of the receiving rank of
+// gompi-bench rate put 68% of mpi.Irecv's samples on that copy).
 func bufferOf(buf any, send bool) ([]byte, pml.Convertor, error) {
 	if buf == nil {
 		return nil, nil, nil

@@ -65,12 +65,7 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 		e.mu.Unlock()
 		return
 	}
-	c := e.lastComm
-	if c == nil || c.ctx != f.m.Ctx {
-		if c = e.comms[f.m.Ctx]; c != nil {
-			e.lastComm = c // communicators never leave e.comms
-		}
-	}
+	c := e.commLocked(f.m.Ctx)
 	if c == nil {
 		// The communicator does not exist here yet (a peer finished Dup
 		// first): keep the fragment until NewComm.
@@ -81,24 +76,14 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 		e.mu.Unlock()
 		return
 	}
-	if int(f.m.Src) < 0 || int(f.m.Src) >= len(c.group) || c.group[f.m.Src] != ep.Peer() {
+	if !c.fromRank(f.m.Src, ep.Peer()) {
 		e.mu.Unlock()
 		e.protocolError(ep, "source rank %d does not belong to rank %d in context %d", f.m.Src, ep.Peer(), f.m.Ctx)
 		return
 	}
-	if f.typ == hdr.TypeMatch {
-		// The common case (deliverInOrderLocked, written out here: the
-		// call measured ~3 ns on the 8 B ping-pong).
-		ps := &c.seqs[f.m.Src]
-		if f.m.Seq == ps.expect && ps.ooo == nil {
-			if r := c.m.findPosted(int(f.m.Src), int(f.m.Tag)); r != nil && r.kind == kindRecv {
-				ps.expect++
-				c.m.unpost(r)
-				e.deliverEager(r, f.peer, int(f.m.Src), int(f.m.Tag), data)
-				e.mu.Unlock()
-				return
-			}
-		}
+	if f.typ == hdr.TypeMatch && e.deliverInOrderLocked(c, &f.m, f.peer, data) {
+		e.mu.Unlock()
+		return
 	}
 	sf := &e.scratch
 	*sf = f
@@ -109,6 +94,23 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 	if start {
 		e.runStarts()
 	}
+}
+
+// commLocked returns the communicator of context ctx, nil if it does not
+// exist here (yet). Called with e.mu held.
+func (e *Engine) commLocked(ctx uint32) *Comm {
+	c := e.lastComm
+	if c == nil || c.ctx != ctx {
+		if c = e.comms[ctx]; c != nil {
+			e.lastComm = c // communicators never leave e.comms
+		}
+	}
+	return c
+}
+
+// fromRank reports whether communicator rank src is world rank world.
+func (c *Comm) fromRank(src int32, world int) bool {
+	return int(src) >= 0 && int(src) < len(c.group) && c.group[src] == world
 }
 
 // deliverInOrderLocked is the common case of a MATCH fragment, without
@@ -148,14 +150,7 @@ func (e *Engine) onMatchingRun(ep btl.Endpoint, hdrs, datas [][]byte) {
 	e.mu.Lock()
 	for i, b := range hdrs {
 		if p != nil && p.ep != nil && e.closed == nil && len(b) > 0 && hdr.Type(b[0]) == hdr.TypeMatch && m.Decode(b) == nil {
-			c := e.lastComm
-			if c == nil || c.ctx != m.Ctx {
-				if c = e.comms[m.Ctx]; c != nil {
-					e.lastComm = c
-				}
-			}
-			if c != nil && int(m.Src) >= 0 && int(m.Src) < len(c.group) && c.group[m.Src] == r &&
-				e.deliverInOrderLocked(c, &m, p, datas[i]) {
+			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, r) && e.deliverInOrderLocked(c, &m, p, datas[i]) {
 				continue
 			}
 		}
@@ -600,7 +595,7 @@ func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
 	// buf's fields go on separately: a Buffer (40 bytes) passed on whole
 	// is copied through memory with stalling wide loads (perf annotate:
 	// most of this function's time).
-	return c.postRecvLocking(nil, buf.Bytes, buf.Conv, src, tag, kindRecv)
+	return c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv)
 }
 
 // Recv is a blocking receive; it allocates nothing for an eager message.
@@ -608,7 +603,7 @@ func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	e := c.e
 	r := e.takeSpare()
 	r.parks = !e.poll.active() // in-process: Wait parks at once (spinWait)
-	if err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv); err != nil {
+	if _, err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv); err != nil {
 		recycleUnstarted(r)
 		return Status{}, err
 	}
@@ -654,25 +649,23 @@ func (e *Engine) putSpare(r *Request) {
 	spares.Put(r)
 }
 
-func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind reqKind) error {
-	r.setRecv(kind, c, src, tag, b, conv)
-	_, err := c.postRecvLocking(r, b, conv, src, tag, kind)
-	return err
-}
-
-// setRecv fills in a receive's fields. Its buffer comes in its fields: a
-// whole Buffer is copied through memory with stalling wide loads.
+// setRecv fills in a receive's fields.
 func (r *Request) setRecv(kind reqKind, c *Comm, src, tag int, b []byte, conv Convertor) {
 	r.kind, r.comm, r.peer, r.tag = kind, c, src, tag
 	r.buf.Bytes, r.buf.Conv = b, conv
 }
 
-// postRecvLocking posts r (set up by the caller), or, when r is nil (as
-// for Irecv), a receive request it takes, once the checks passed, from the
-// engine's free list under the lock the post takes anyway, instead of from
-// the sync.Pool (whose shared queue costs a locked instruction each way
-// once a window of receives overflows its per-processor slot).
-func (c *Comm) postRecvLocking(r *Request, b []byte, conv Convertor, src, tag int, kind reqKind) (*Request, error) {
+// postRecv posts receive (or probe) r, or, when r is nil (Irecv), a
+// request it takes, once the checks passed, from the engine's free list
+// under the lock the post takes anyway, instead of from the sync.Pool
+// (whose shared queue costs a locked instruction each way once a window of
+// receives overflows its per-processor slot). It returns the request
+// posted. The buffer comes in its fields: a whole Buffer (40 bytes) passed
+// on is copied through memory with stalling wide loads.
+func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind reqKind) (*Request, error) {
+	if r != nil {
+		r.setRecv(kind, c, src, tag, b, conv)
+	}
 	e := c.e
 	e.mu.Lock()
 	if err := c.check(); err != nil {
@@ -743,7 +736,7 @@ func (c *Comm) Iprobe(src, tag int) (Status, bool, error) {
 func (c *Comm) Probe(ctx context.Context, src, tag int) (Status, error) {
 	r := newReq(true)
 	defer recycle(r)
-	if err := c.postRecv(r, nil, nil, src, tag, kindProbe); err != nil {
+	if _, err := c.postRecv(r, nil, nil, src, tag, kindProbe); err != nil {
 		return Status{}, err
 	}
 	if err := c.e.Wait(ctx, r); err != nil {
@@ -781,7 +774,7 @@ func (c *Comm) Improbe(src, tag int) (*Request, Status, bool, error) {
 // Mprobe blocks until a matching message arrives and removes it from matching.
 func (c *Comm) Mprobe(ctx context.Context, src, tag int) (*Request, Status, error) {
 	r := newReq(false)
-	if err := c.postRecv(r, nil, nil, src, tag, kindMprobe); err != nil {
+	if _, err := c.postRecv(r, nil, nil, src, tag, kindMprobe); err != nil {
 		return nil, Status{}, err
 	}
 	if err := c.e.Wait(ctx, r); err != nil {

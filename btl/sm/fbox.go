@@ -59,8 +59,8 @@ func packEntry(seq uint16, kind, tag uint8, hdrLen, n int) uint64 {
 // inlineLimit bytes, into *e. Any value of w yields either an entry that
 // lies inside the ring or an error; it never panics. It fills *e in place
 // rather than returning an entry: a five-field struct is copied through
-// memory with wide loads of narrow stores, which stall (about 5 ns a
-// fragment, measured with perf annotate on BenchmarkPMLRecvWindow).
+// memory with wide loads of narrow stores, which stall (perf annotate of
+// BenchmarkPMLRecvWindow put 59% of decodeEntry's samples on it).
 func decodeEntry(e *entry, w uint64, phys, size, inlineLimit int, seq uint16) error {
 	e.kind, e.tag, e.hdrLen, e.n = uint8(w>>16), uint8(w>>24), int(uint16(w>>32)), int(uint16(w>>48))
 	if s := uint16(w); s != seq {
@@ -167,9 +167,12 @@ func (b *txBox) putInline(tag uint8, hdr, data []byte) error {
 	// The receiver spins on the entry's first cache line (its header
 	// word): write that line last, so that it is taken from the
 	// receiver's cache once per entry rather than once for the bytes
-	// that start the payload and again for the header (sm 512 B latency
-	// 0.517 -> 0.447 us, rate 2.03 -> 2.81 M/s with the PML's free list;
-	// docs/PERFORMANCE.md, "Fifth session"). The ring starts on a line.
+	// that start the payload and again for the header. With the PML's
+	// receive free list, which made the receiver fast enough to spin on
+	// that line while the sender wrote it (rate 512 B 2.68 -> 2.03 M/s),
+	// both together gave 512 B latency 0.517 -> 0.447 us and rate 2.73 ->
+	// 2.81 M/s (docs/PERFORMANCE.md, "Fifth session", item 8). The ring
+	// starts on a line.
 	cut := (phys | (line - 1)) + 1
 	if k, hn := cut-p, len(hdr); p+n > cut && k >= hn {
 		copy(b.ring[cut:], data[k-hn:])

@@ -69,8 +69,7 @@ func decodeHandle(b []byte) (handle, error) {
 type registration struct {
 	m      *Module
 	h      [handleLen]byte
-	addr   uintptr // of mem; both fixed at Register
-	mem    []byte  // what a shared Get's helper copies from (help.go)
+	mem    []byte // fixed at Register: what a shared Get's helper copies from (help.go)
 	mu     sync.Mutex
 	pinner *runtime.Pinner // guarded by mu; nil for empty memory
 	done   bool            // guarded by mu
@@ -93,7 +92,7 @@ func (m *Module) Register(mem []byte, _ btl.Access) (btl.Registration, error) {
 	if m.Caps()&btl.CapRDMA == 0 {
 		return nil, mpierr.Errorf(mpierr.ErrNotSupported, "sm: no single-copy put/get here (%s)", Status())
 	}
-	r := &registration{m: m, addr: sys.Addr(mem), mem: mem}
+	r := &registration{m: m, mem: mem}
 	if len(mem) > 0 {
 		r.pinner = pinners.Get().(*runtime.Pinner)
 		r.pinner.Pin(&mem[0])

@@ -264,7 +264,7 @@ func (m *Module) registered(addr, n uint64) []byte {
 	m.regMu.Lock()
 	defer m.regMu.Unlock()
 	for r := range m.regs {
-		if base := uint64(r.addr); addr >= base && n <= uint64(len(r.mem)) && addr-base <= uint64(len(r.mem))-n {
+		if base := uint64(sys.Addr(r.mem)); addr >= base && n <= uint64(len(r.mem)) && addr-base <= uint64(len(r.mem))-n {
 			off := addr - base
 			return r.mem[off : off+n : off+n]
 		}

@@ -88,8 +88,8 @@ type Module struct {
 	puts, putBytes, gets, getBytes atomic.Int64
 
 	// guarded by pollMu: a run of fast-box fragments being gathered
-	// (pollBox), dispatched together with Dispatcher.DispatchRun. Last:
-	// 1.5 KiB that would otherwise spread the hot fields over more lines.
+	// (pollBox), dispatched together with Dispatcher.DispatchRun (1.5 KiB,
+	// kept after the fields every poll reads).
 	runHdr, runData [pollBudget][]byte
 }
 
