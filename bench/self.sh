@@ -3,6 +3,8 @@
 # self latency against a Go channel ping-pong, 4 MiB RDMA get/put against
 # copy(), matching with 1 and 10,000 posted receives, allocations.
 # Usage: bench/self.sh [ROUNDS]   (default 5; benchmarks interleaved per round)
+#   PGO=pgo/gompi.pgo bench/self.sh   also the ping-pong of a test binary built
+#     with that profile (go test -pgo), in the same rounds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
@@ -10,10 +12,16 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 go test -c -o "$tmp/mpi.test" ./mpi
 go test -c -o "$tmp/pml.test" ./pml
+PGO=${PGO:-}
+[ -n "$PGO" ] && go test -pgo="$PGO" -c -o "$tmp/mpi-pgo.test" ./mpi
 for i in $(seq "$rounds"); do
 	"$tmp/mpi.test" -test.run '^$' -test.bench 'ChannelPingPong|SelfPingPong|SelfBandwidth|Copy' \
 		-test.benchtime 1s -test.benchmem >>"$tmp/out"
 	"$tmp/pml.test" -test.run '^$' -test.bench 'Match' -test.benchtime 1s -test.benchmem >>"$tmp/out"
+	if [ -n "$PGO" ]; then
+		"$tmp/mpi-pgo.test" -test.run '^$' -test.bench 'ChannelPingPong|SelfPingPong' -test.benchtime 1s -test.benchmem |
+			sed 's/^Benchmark/BenchmarkPGO/' >>"$tmp/out"
+	fi
 done
 # name -> median ns/op (and allocs/op of the last run)
 awk '/^Benchmark/ {
@@ -43,5 +51,9 @@ awk -v ch="$ch" -v se="$se" -v cp="$cp" -v g="$g" -v p="$p" -v m1="$m1" -v m2="$
 	printf "| 4 MiB rdma_put (GB/s) | %.2f | copy() %.2f | %.0f%% | >= 80%% |\n", 4194304/p, 4194304/cp, 100*cp/p
 	printf "| match, 10,000 posted (ns/op) | %.0f | 1 posted %.0f | %.2fx | <= 2x |\n", m2, m1, m2/m1
 }'
+if [ -n "$PGO" ]; then
+	awk -v ch="$(get BenchmarkPGOChannelPingPong)" -v se="$(get BenchmarkPGOSelfPingPong/size=8B)" 'BEGIN {
+	printf "| 8 B latency, test binary built with -pgo (ns) | %.0f | channel %.0f | %.2fx | <= 1.5x |\n", se/2, ch/2, se/ch }'
+fi
 echo
 echo "rounds: $rounds; machine load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

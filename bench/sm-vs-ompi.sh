@@ -15,6 +15,9 @@
 # Usage: bench/sm-vs-ompi.sh [ROUNDS] [OUTDIR]   (defaults: 5, a new temporary folder)
 #   GOMPI_ARGS="--param pml_wait_spin=1ms" bench/sm-vs-ompi.sh   extra gorun flags
 #   MODES="latency bw" bench/sm-vs-ompi.sh                       a subset of latency bw bibw rate
+#   PGO=pgo/gompi.pgo bench/sm-vs-ompi.sh   also a gompi-bench built with that profile
+#     (go build -pgo), run right after the default build in every round, with
+#     its own tables against the same Open MPI runs
 #
 # Needs: apt-get install -y openmpi-bin libopenmpi-dev; Go. Run from the repository root.
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -34,6 +37,8 @@ mpicc.openmpi -O2 -Wall -o "$BIN/ompi-rate" bench/ompi-rate.c
 gcc -O2 -Wall -o "$BIN/c2c" "$ANCHOR/c2c.c"
 go build -o "$BIN/gorun" ./cmd/gorun
 go build -o "$BIN/gompi-bench" ./cmd/gompi-bench
+PGO=${PGO:-}
+[ -n "$PGO" ] && go build -pgo="$PGO" -o "$BIN/gompi-bench-pgo" ./cmd/gompi-bench
 
 OMPI="mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 --mca btl self,vader"
 PPARGS=""
@@ -56,6 +61,8 @@ for r in $(seq 1 "$ROUNDS"); do
     [ "$m" = rate ] && extra="--sizes ${RATE_SIZES// /,}"
     timeout 600 "$BIN/gorun" -np 2 --btl self,sm $GOMPI_ARGS "$BIN/gompi-bench" "$m" --csv $extra \
       > "$OUT/gompi-$m.$r.csv" 2> "$OUT/gompi-$m.$r.err" || echo "!! gompi $m round $r failed" >&2
+    [ -n "$PGO" ] && { timeout 600 "$BIN/gorun" -np 2 --btl self,sm $GOMPI_ARGS "$BIN/gompi-bench-pgo" "$m" --csv $extra \
+      > "$OUT/pgo-$m.$r.csv" 2> "$OUT/pgo-$m.$r.err" || echo "!! gompi (pgo) $m round $r failed" >&2; }
   done
 done
 
@@ -67,6 +74,10 @@ for r in $(seq 1 "$ROUNDS"); do
   [ -f "$OUT/ompi-rate.$r.csv" ] && awk -F, -v r="$r" 'NR > 1 { print "rate", $1, $2, r }' "$OUT/ompi-rate.$r.csv" >> "$OUT/ompi.all"
   for m in $MODES; do
     awk -F, -v m="$m" -v r="$r" 'NR > 1 { print m, $1, $2, r }' "$OUT/gompi-$m.$r.csv" >> "$OUT/gompi.all"
+    if [ -n "$PGO" ]; then
+      mkdir -p "$OUT/pgo"
+      awk -F, -v m="$m" -v r="$r" 'NR > 1 { print m, $1, $2, r }' "$OUT/pgo-$m.$r.csv" >> "$OUT/pgo/gompi.all"
+    fi
   done
 done
 
@@ -81,6 +92,14 @@ for m in $MODES; do
   echo "| size (B) | gompi median | gompi best | gompi spread | Open MPI median | Open MPI best | Open MPI spread | gompi/OMPI (medians) |"
   echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
   awk -v m="$m" -v better="$better" -f "$HERE/median-table.awk" "$OUT/gompi.all" "$OUT/ompi.all"
+  if [ -n "$PGO" ]; then
+    echo
+    echo "#### $m, gompi-bench built with -pgo=$PGO (same Open MPI runs)"
+    echo
+    echo "| size (B) | gompi median | gompi best | gompi spread | Open MPI median | Open MPI best | Open MPI spread | gompi/OMPI (medians) |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+    awk -v m="$m" -v better="$better" -f "$HERE/median-table.awk" "$OUT/pgo/gompi.all" "$OUT/ompi.all"
+  fi
 done
 
 echo
