@@ -563,3 +563,58 @@ func TestBuildsGoPackageDirectory(t *testing.T) {
 		t.Errorf("build error: exit %d, stderr:\n%s", r.code, r.stderr)
 	}
 }
+
+// TestBuildsWithProfile: a program gorun builds gets gompi's profile
+// (go build -pgo) unless its folder has a default.pgo or --pgo says
+// otherwise; a missing profile file is a command-line error.
+func TestBuildsWithProfile(t *testing.T) {
+	run := func(args ...string) string {
+		t.Helper()
+		r := gorun(t, "", append([]string{"-np", "1"}, args...)...)
+		if r.code != 0 {
+			t.Fatalf("gorun %v: exit %d: %s", args, r.code, r.stderr)
+		}
+		return strings.TrimSpace(r.stdout)
+	}
+	if got := run("./testdata/rankprog", "pgo"); !strings.HasPrefix(got, "-pgo=/") || !strings.HasSuffix(got, "/gompi.pgo") {
+		t.Errorf("default: program reports %q, want gompi.pgo", got)
+	}
+	if got := run("--pgo", "off", "./testdata/rankprog", "pgo"); got != "-pgo=none" {
+		t.Errorf("--pgo off: program reports %q", got)
+	}
+	// A program folder with its own default.pgo keeps it (the folder is
+	// inside this module, so that the copy still imports its packages).
+	prof, err := os.ReadFile("../pgo/gompi.pgo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := os.MkdirTemp("testdata", "pgo-own-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(own) })
+	src, err := os.ReadFile("testdata/rankprog/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(own, "main.go"), src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(own, "default.pgo"), prof, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := run("./"+own, "pgo"); !strings.HasSuffix(got, "/"+filepath.Base(own)+"/default.pgo") {
+		t.Errorf("own default.pgo: program reports %q", got)
+	}
+	explicit := filepath.Join(t.TempDir(), "mine.pgo")
+	if err := os.WriteFile(explicit, prof, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := run("--pgo", explicit, "./testdata/rankprog", "pgo"); got != "-pgo="+explicit {
+		t.Errorf("--pgo FILE: program reports %q, want -pgo=%s", got, explicit)
+	}
+	r := gorun(t, "", "-np", "1", "--pgo", filepath.Join(t.TempDir(), "missing.pgo"), "./testdata/rankprog", "pgo")
+	if r.code == 0 || !strings.Contains(r.stderr, "not a profile file") {
+		t.Errorf("missing profile: exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+}

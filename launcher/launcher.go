@@ -75,6 +75,14 @@ type Config struct {
 	// stopped and Run returns ExitTimeout and an error saying so.
 	Timeout time.Duration
 
+	// PGO is the profile a Go program that gorun builds is built with
+	// (go build -pgo): "" for gompi's own profile (package pgo), except
+	// for a program folder with a default.pgo of its own, which go build
+	// then reads as usual; "auto" for go build's default (the main
+	// package's default.pgo, if any); "off"; or a profile file's path.
+	// An executable is run as it is.
+	PGO string
+
 	Env    []string    // extra environment entries "VAR=val" for every rank
 	Params [][2]string // parameters (name, value) in order, passed in GOMPI_FLAG_PARAMS
 
@@ -241,7 +249,7 @@ func resolveInterruptibly(ctx context.Context, cfg Config) (*program, error) {
 			}
 		}()
 	}
-	return resolveProgram(bctx, cfg.Program)
+	return resolveProgram(bctx, cfg.Program, cfg.PGO)
 }
 
 // hasVar reports whether env (VAR=value entries) sets name.

@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	gompipgo "github.com/gompi-org/gompi/pgo"
 )
 
 // program is the executable the ranks run.
@@ -32,20 +34,20 @@ func (p *program) cleanup() {
 //     directory's module.
 //
 // A built binary goes into a new temporary directory that cleanup removes.
-func resolveProgram(ctx context.Context, name string) (*program, error) {
+func resolveProgram(ctx context.Context, name, pgo string) (*program, error) {
 	if name == "" {
 		return nil, argErrorf("no program given")
 	}
 	if fi, err := os.Stat(name); err == nil {
 		switch {
 		case fi.IsDir():
-			return buildProgram(ctx, name, ".")
+			return buildProgram(ctx, name, ".", pgo)
 		case strings.HasSuffix(name, ".go") && fi.Mode().IsRegular():
 			abs, err := filepath.Abs(name)
 			if err != nil {
 				return nil, err
 			}
-			return buildProgram(ctx, filepath.Dir(abs), filepath.Base(abs))
+			return buildProgram(ctx, filepath.Dir(abs), filepath.Base(abs), pgo)
 		case !fi.Mode().IsRegular():
 			return nil, argErrorf("program %q is not a regular file", name)
 		case fi.Mode().Perm()&0o111 == 0:
@@ -72,12 +74,13 @@ func resolveProgram(ctx context.Context, name string) (*program, error) {
 		strings.HasPrefix(name, "./") || strings.HasPrefix(name, "../") {
 		return nil, argErrorf("program %q not found: no such file or directory", name)
 	}
-	return buildProgram(ctx, "", name)
+	return buildProgram(ctx, "", name, pgo)
 }
 
 // buildProgram runs go build on pkg (a package path, "." or a .go file) in
-// directory dir ("" for the current one) into a new temporary directory.
-func buildProgram(ctx context.Context, dir, pkg string) (*program, error) {
+// directory dir ("" for the current one) into a new temporary directory,
+// with the profile pgo names (Config.PGO).
+func buildProgram(ctx context.Context, dir, pkg, pgo string) (*program, error) {
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
 		return nil, fmt.Errorf("building %s needs the go command: %w", describe(dir, pkg), err)
@@ -87,7 +90,12 @@ func buildProgram(ctx context.Context, dir, pkg string) (*program, error) {
 		return nil, err
 	}
 	p := &program{path: filepath.Join(tmp, "prog"), tmpDir: tmp}
-	cmd := exec.CommandContext(ctx, goCmd, "build", "-o", p.path, pkg)
+	flag, err := pgoFlag(pgo, dir, tmp)
+	if err != nil {
+		p.cleanup()
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, goCmd, "build", flag, "-o", p.path, pkg)
 	cmd.Dir = dir
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -112,6 +120,36 @@ func buildProgram(ctx context.Context, dir, pkg string) (*program, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// pgoFlag returns go build's -pgo flag for Config.PGO value pgo, writing
+// gompi's profile into tmp when it is the one. dir is the program's
+// folder, "" when it is named by package path (then gompi's profile is
+// used even if the package has a default.pgo: say "auto" for that one).
+func pgoFlag(pgo, dir, tmp string) (string, error) {
+	switch pgo {
+	case "":
+		if dir != "" {
+			if _, err := os.Stat(filepath.Join(dir, "default.pgo")); err == nil {
+				return "-pgo=auto", nil
+			}
+		}
+		f := filepath.Join(tmp, "gompi.pgo")
+		if err := os.WriteFile(f, gompipgo.Profile, 0o600); err != nil {
+			return "", err
+		}
+		return "-pgo=" + f, nil
+	case "auto", "off":
+		return "-pgo=" + pgo, nil
+	}
+	abs, err := filepath.Abs(pgo)
+	if err != nil {
+		return "", err
+	}
+	if fi, err := os.Stat(abs); err != nil || !fi.Mode().IsRegular() {
+		return "", argErrorf("--pgo %s: not a profile file (want a file, auto or off)", pgo)
+	}
+	return "-pgo=" + abs, nil
 }
 
 func describe(dir, pkg string) string {

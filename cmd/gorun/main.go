@@ -82,6 +82,10 @@ package path (built first). Flags after PROGRAM belong to the program.
       --verbose               print launch progress (GOMPI_VERBOSE=1)
       --oversubscribe         allow more ranks than CPUs without a notice
       --grace DURATION        time between failure notice, SIGTERM and SIGKILL (default 2s)
+      --pgo PROFILE           profile a Go PROGRAM is built with (go build -pgo): a file,
+                              auto (its own default.pgo) or off; default: gompi's
+                              profile of its message paths, unless the program's folder
+                              has a default.pgo
   -h, --help                  show this help
 
 Each rank gets GOMAXPROCS = gorun's GOMAXPROCS / N (at least 1), its share
@@ -153,6 +157,7 @@ func newFlagSet(params *paramList) *pflag.FlagSet {
 	fs.Bool("verbose", false, "launch progress")
 	fs.Bool("oversubscribe", false, "allow more ranks than CPUs")
 	fs.Duration("grace", launcher.DefaultGrace, "stop step interval")
+	fs.String("pgo", "", "profile for go build -pgo")
 	fs.BoolP("help", "h", false, "help")
 	return fs
 }
@@ -186,6 +191,9 @@ func parseArgs(args []string, lookupEnv func(string) (string, bool)) (cfg launch
 	cfg.Stats, _ = fs.GetBool("stats")
 	cfg.Verbose, _ = fs.GetBool("verbose")
 	cfg.Oversubscribe, _ = fs.GetBool("oversubscribe")
+	if cfg.PGO, _ = fs.GetString("pgo"); fs.Changed("pgo") && cfg.PGO == "" {
+		return cfg, false, errors.New("--pgo: want a profile file, auto or off")
+	}
 	if cfg.Timeout, _ = fs.GetDuration("timeout"); cfg.Timeout < 0 {
 		return cfg, false, fmt.Errorf("--timeout %v: must not be negative", cfg.Timeout)
 	}

@@ -18,7 +18,7 @@ func TestParseArgs(t *testing.T) {
 		"-np", "4", "--tag-output", "--timeout", "1m30s", "-x", "A=1", "-x", "HOME",
 		"--param", "z=first", "--eager-limit", "4k", "--btl", "^tcp", "--max-send-size", "1m",
 		"--protocol", "eager", "--send-pipeline-depth", "3", "--param", "a=last=with=equals",
-		"--stats", "--verbose", "--oversubscribe", "--grace", "5s",
+		"--stats", "--verbose", "--oversubscribe", "--grace", "5s", "--pgo", "off",
 		"./prog", "-np", "7", "--verbose", "arg",
 	}, env)
 	if err != nil || help {
@@ -27,7 +27,7 @@ func TestParseArgs(t *testing.T) {
 	if cfg.NP != 4 || cfg.Program != "./prog" || !reflect.DeepEqual(cfg.Args, []string{"-np", "7", "--verbose", "arg"}) {
 		t.Errorf("np %d program %q args %q", cfg.NP, cfg.Program, cfg.Args)
 	}
-	if !cfg.TagOutput || !cfg.Stats || !cfg.Verbose || !cfg.Oversubscribe || cfg.Timeout != 90*time.Second || cfg.Grace != 5*time.Second {
+	if !cfg.TagOutput || !cfg.Stats || !cfg.Verbose || !cfg.Oversubscribe || cfg.Timeout != 90*time.Second || cfg.Grace != 5*time.Second || cfg.PGO != "off" {
 		t.Errorf("options: %+v", cfg)
 	}
 	if !reflect.DeepEqual(cfg.Env, []string{"A=1", "HOME=/home/me"}) {
@@ -83,6 +83,7 @@ func TestParseArgsErrors(t *testing.T) {
 		{[]string{"-np", "1", "--btl", "", "p"}, "empty value"},
 		{[]string{"-np", "1", "-x", "UNSET_VAR", "p"}, "not set in gorun's environment"},
 		{[]string{"-np", "1", "-x", "=v", "p"}, "not VAR or VAR=value"},
+		{[]string{"-np", "1", "--pgo", "", "p"}, "--pgo: want a profile file, auto or off"},
 	} {
 		_, help, err := parseArgs(tc.args, lookup(nil))
 		if help || err == nil || !strings.Contains(err.Error(), tc.want) {

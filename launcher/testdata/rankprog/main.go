@@ -15,6 +15,8 @@
 //	                        start a grandchild (unless nochild), print "ready", block
 //	                        (ignoring SIGTERM with ignoreterm)
 //	env                     print the launch environment and whether the secret is on a command line
+//	pgo                     print the profile this program was built with ("-pgo=" and the
+//	                        build setting, or "-pgo=none"), then Finalize
 //
 // When RANKPROG_PIDDIR is set every rank writes its pid there in a file named
 // "rank<RANK>.<pid>", and every grandchild's as "child.<pid>".
@@ -30,6 +32,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -68,6 +71,17 @@ func main() {
 		check(c.Fence(ctx, "done"))
 		check(c.Finalize())
 	case "finalize":
+		check(connect(ctx, rank).Finalize())
+	case "pgo":
+		prof := "none"
+		if bi, ok := debug.ReadBuildInfo(); ok {
+			for _, kv := range bi.Settings {
+				if kv.Key == "-pgo" {
+					prof = kv.Value
+				}
+			}
+		}
+		fmt.Printf("-pgo=%s\n", prof)
 		check(connect(ctx, rank).Finalize())
 	case "exit", "sigkill", "nofinalize", "abort":
 		c := connect(ctx, rank)
