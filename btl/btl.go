@@ -173,6 +173,14 @@ type HeaderSender interface {
 	SendImmediateHeader(tag Tag, h [16]byte, data []byte) error
 }
 
+// SyncGetter is an optional Endpoint interface for transports whose Get
+// always finishes before it returns (shared memory, in-process): GetNow is
+// Get without a completion, so the caller allocates none (a closure per
+// rendezvous). It returns Get's error; nil means the bytes are in local.
+type SyncGetter interface {
+	GetNow(local, handle []byte, off int) error
+}
+
 // Endpoint is a module's connection to one peer. All methods are safe for
 // concurrent use. Fragments sent with Send, SendImmediate and SendAlloc on
 // one endpoint arrive in order (per endpoint, not across endpoints).

@@ -1,6 +1,7 @@
 package mpi_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -916,4 +917,81 @@ func TestWaitallSharedWindow(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRendezvousRequestsReused: RDMA direct get requests that finish
+// within their GET (in-process, as over sm) go back to the pools and are
+// reused at once. Two goroutines per rank stream windows of such messages
+// both ways with another goroutine testing the same requests; every byte,
+// source and tag must be the message's own, which a request reused while
+// the engine still used it would break.
+func TestRendezvousRequestsReused(t *testing.T) {
+	const windows, window = 30, 8
+	sizes := []int{20 << 10, 70 << 10, 1}
+	mustRun(t, 2, func(w *mpi.Comm) error {
+		peer := 1 - w.Rank()
+		stream := func(lane int) error {
+			for win := range windows {
+				tag := lane*1000 + win
+				recvs := make([]*mpi.Request, window)
+				sends := make([]*mpi.Request, window)
+				rbufs := make([][]byte, window)
+				for i := range window {
+					rbufs[i] = make([]byte, sizes[i%len(sizes)])
+					var err error
+					if recvs[i], err = w.Irecv(rbufs[i], peer, tag); err != nil {
+						return err
+					}
+				}
+				for i := range window {
+					sb := make([]byte, sizes[i%len(sizes)])
+					fill(sb, uint64(w.Rank()<<20|tag<<4|i))
+					var err error
+					if sends[i], err = w.Isend(sb, peer, tag); err != nil {
+						return err
+					}
+				}
+				tested := make(chan error, 1)
+				go func() {
+					for _, r := range recvs {
+						for {
+							_, done, err := r.Test()
+							if err != nil || done {
+								if err != nil {
+									tested <- err
+									return
+								}
+								break
+							}
+							runtime.Gosched()
+						}
+					}
+					tested <- nil
+				}()
+				sts, err := mpi.Waitall(recvs)
+				if err != nil {
+					return err
+				}
+				if err := <-tested; err != nil {
+					return err
+				}
+				if _, err := mpi.Waitall(sends); err != nil {
+					return err
+				}
+				for i := range window {
+					want := make([]byte, sizes[i%len(sizes)])
+					fill(want, uint64(peer<<20|tag<<4|i))
+					if !bytes.Equal(rbufs[i], want) || sts[i].Source != peer || sts[i].Tag != tag || sts[i].Count != len(want) {
+						return fmt.Errorf("lane %d window %d message %d: wrong bytes or status %+v", lane, win, i, sts[i])
+					}
+				}
+			}
+			return nil
+		}
+		errs := make(chan error, 2)
+		for lane := range 2 {
+			go func() { errs <- stream(lane) }()
+		}
+		return errors.Join(<-errs, <-errs)
+	}, mpi.WithParam("pml_force_protocol", "rdma_get"))
 }

@@ -59,6 +59,7 @@ type peer struct {
 	lim    btl.Limits
 	immMax int              // largest standard-mode payload Select sends EagerImmediate (-1: none)
 	hs     btl.HeaderSender // ep, when it takes a header by value (nil otherwise)
+	sg     btl.SyncGetter   // ep, when its Get always finishes at once (nil otherwise)
 	failed error            // guarded by Engine.mu
 }
 
@@ -69,6 +70,7 @@ func newPeer(world int, ep btl.Endpoint) *peer {
 		p.immMax = min(ImmediateMax, EagerMax(p.lim))
 	}
 	p.hs, _ = ep.(btl.HeaderSender)
+	p.sg, _ = ep.(btl.SyncGetter)
 	return p
 }
 
@@ -573,7 +575,9 @@ func recycleUnstarted(r *Request) {
 }
 
 // poolable: r came from the pool and the engine keeps no reference to it
-// once it is done (no rendezvous id, no buffered-send release).
-func (r *Request) poolable() bool { return r.owned && r.id == 0 && r.release == nil }
+// once it is done: no rendezvous id, or a quiet one (RDMA direct get over
+// a transport whose GETs finish within their call, without a fallback to
+// copies), and no buffered-send release.
+func (r *Request) poolable() bool { return r.owned && (r.id == 0 || r.quiet) && r.release == nil }
 
 var hdrPool = sync.Pool{New: func() any { return new([hdr.MaxLen]byte) }}

@@ -409,42 +409,64 @@ func (e *Engine) getAll(r *Request, p *peer) {
 		e.mu.Unlock()
 		return
 	}
-	handle := r.handle
-	for off := 0; off < r.msgLen; off += chunk {
-		off, n := off, min(chunk, r.msgLen-off)
+	// msgLen, ep and the handle are read before the last GET: it may
+	// complete r.
+	handle, msgLen, ep := r.handle, r.msgLen, r.ep
+	for off := 0; off < msgLen; off += chunk {
+		n := min(chunk, msgLen-off)
+		if p.sg != nil && p.ep == ep {
+			// Done before it returns: nothing in flight to count, no
+			// completion closure to allocate.
+			e.getDone(r, off, n, false, p.sg.GetNow(r.buf.Bytes[off:off+n], handle, off))
+			continue
+		}
 		e.mu.Lock()
 		r.inflight++
 		e.mu.Unlock()
-		finish := func(err error) {
-			if err != nil {
-				// Ask the sender to copy this range instead. The GET no
-				// longer counts as in flight before the ACK goes out: over
-				// a synchronous transport the FRAGs that answer it arrive
-				// before Send returns.
-				e.mu.Lock()
-				r.inflight--
-				e.mu.Unlock()
-				e.sendFin(r.ep, r.srcReq, off, -1)
-				e.sendAck(r, off, n, hdr.FlagNoRDMA)
-				e.mu.Lock()
-				e.checkRecvLocked(r)
-				e.mu.Unlock()
-				return
-			}
-			e.sendFin(r.ep, r.srcReq, off, n)
-			e.mu.Lock()
-			r.inflight--
-			r.received += n
-			e.checkRecvLocked(r)
-			e.mu.Unlock()
-		}
-		done, err := r.ep.Get(r.buf.Bytes[off:off+n], handle, off, finish)
+		off := off
+		done, err := ep.Get(r.buf.Bytes[off:off+n], handle, off, func(err error) { e.getDone(r, off, n, true, err) })
 		if err != nil {
-			finish(err)
+			e.getDone(r, off, n, true, err)
 		} else if done {
-			finish(nil)
+			e.getDone(r, off, n, true, nil)
 		}
 	}
+}
+
+// getDone accounts for the GET of message bytes [off, off+n) of receive r
+// (counted: it was counted in flight). A failed one asks the sender to
+// copy that range instead.
+func (e *Engine) getDone(r *Request, off, n int, counted bool, err error) {
+	if err != nil {
+		// The GET no longer counts as in flight before the ACK goes out:
+		// over a synchronous transport the FRAGs that answer it arrive
+		// before Send returns.
+		e.mu.Lock()
+		if counted {
+			r.inflight--
+		}
+		r.slow = true // FRAGs will answer: their handlers hold r
+		e.mu.Unlock()
+		e.sendFin(r.ep, r.srcReq, off, -1)
+		e.sendAck(r, off, n, hdr.FlagNoRDMA)
+		e.mu.Lock()
+		e.checkRecvLocked(r)
+		e.mu.Unlock()
+		return
+	}
+	e.sendFin(r.ep, r.srcReq, off, n)
+	e.mu.Lock()
+	if counted {
+		r.inflight--
+	}
+	r.received += n
+	if !counted && !r.slow && !r.mpiDone && r.received >= r.msgLen && r.inflight == 0 {
+		// This call completes r, and neither getAll (which reads nothing
+		// of r after its last GET) nor anyone else touches it afterwards.
+		r.quiet = true
+	}
+	e.checkRecvLocked(r)
+	e.mu.Unlock()
 }
 
 // schedPutsFirst starts the PUT pipeline; ack says whether the first PUT

@@ -114,6 +114,11 @@ type reqState struct {
 	regs      map[uint64]btl.Registration // recv: per-PUT registrations by offset
 	pmlDone   bool                        // send: protocol finished (Bsend completes MPI-level earlier)
 	mpiDone   bool
+	// quiet: completed by an RDMA get that left no reference behind (the
+	// receiver's last GET finished within its call, or the sender's FIN
+	// of such GETs): poolable though it had an id. Set before completion.
+	quiet     bool
+	slow      bool // a GET of this message failed and its range went by copy
 	peerWorld int
 	flags     uint8  // recv: flags of the matched RNDV/RGET
 	handle    []byte // recv: the RGET's registration handle (copied)

@@ -31,6 +31,7 @@ type scenario struct {
 	ranks int
 	caps  btl.Caps
 	opts  [][2]string
+	sync  bool // endpoints are btl.SyncGetters (fake.Config.SyncGet)
 	run   func(t *testing.T, g *rig)
 }
 
@@ -42,6 +43,7 @@ func TestScenario(t *testing.T) {
 				ranks = 2
 			}
 			cfg := capsConfig(sc.caps)
+			cfg.SyncGet = sc.sync
 			g := newRig(t, ranks, cfg, sc.opts...)
 			sc.run(t, g)
 			header := sc.doc + "\n" + describe(cfg)
@@ -553,6 +555,30 @@ get inside the call.`,
 			g.note("blocking send 0->1 tag 6 returned")
 			g.poll()
 			requireOK(t, r, 1000)
+			g.checkClean()
+		},
+	},
+	{
+		name: "sync_get",
+		doc: `A transport whose Get finishes before it returns (btl.SyncGetter, as sm
+and self): the receiver's GETs need no completion. The first RDMA get
+fails: FIN(size -1) and ACK(nordma), the sender copies by FRAGs; the
+second succeeds. Both messages arrive whole.`,
+		caps: capsAll,
+		sync: true,
+		run: func(t *testing.T, g *rig) {
+			g.net.SetInline(true)
+			for i, fail := range []bool{true, false} {
+				if fail {
+					g.net.FailNextGet()
+				}
+				data := pattern(1000, byte(20+i))
+				r := g.irecv(1, 0, 20+i, 1000, data)
+				require.NoError(t, g.comm[0].Send(pml.Buffer{Bytes: data}, 1, 20+i, pml.Standard))
+				g.note("blocking send 0->1 tag %d returned", 20+i)
+				g.poll()
+				requireOK(t, r, 1000)
+			}
 			g.checkClean()
 		},
 	},

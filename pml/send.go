@@ -250,7 +250,7 @@ func (c *Comm) startSend(r *Request, buf Buffer, dest, tag int, mode Mode, relea
 		h := hdr.Rget{Match: m, MsgLen: uint64(size), SrcReq: r.id, Handle: handle}
 		h.Flags = hdr.FlagContig
 		n := h.Encode(hb[:])
-		return e.sendCtl(r, p.ep, hdr.TypeRget, hb[:n])
+		return e.sendCtl(r, p, hdr.TypeRget, hb[:n])
 	case RDMADirectPut:
 		h := hdr.Rndv{Match: m, MsgLen: uint64(size), SrcReq: r.id}
 		h.Flags = hdr.FlagContig | hdr.FlagPin
@@ -258,7 +258,7 @@ func (c *Comm) startSend(r *Request, buf Buffer, dest, tag int, mode Mode, relea
 			h.Flags |= hdr.FlagSync
 		}
 		n := h.Encode(hb[:])
-		return e.sendCtl(r, p.ep, hdr.TypeRndv, hb[:n])
+		return e.sendCtl(r, p, hdr.TypeRndv, hb[:n])
 	}
 	// RNDV with a first chunk: send pipeline, RDMA pipeline, buffered, synchronous.
 	h := hdr.Rndv{Match: m, MsgLen: uint64(size), SrcReq: r.id}
@@ -318,7 +318,15 @@ func (e *Engine) pack(r *Request, dst []byte, off int) int {
 }
 
 // sendCtl sends a header-only fragment that belongs to send request r.
-func (e *Engine) sendCtl(r *Request, ep btl.Endpoint, t hdr.Type, h []byte) error {
+func (e *Engine) sendCtl(r *Request, p *peer, t hdr.Type, h []byte) error {
+	ep := p.ep
+	if p.caps&btl.CapSendImmediate != 0 && ep.SendImmediate(btl.Tag(t), h, nil) == nil {
+		// Sent, and nothing of r is touched after: no fragment to count
+		// in flight, and no completion closure (an allocation per
+		// rendezvous). Refused or failed: the counted path below, whose
+		// Send reports a failure through sendDone.
+		return nil
+	}
 	e.mu.Lock()
 	r.inflight++
 	e.mu.Unlock()
@@ -621,6 +629,13 @@ func (e *Engine) onFin(ep btl.Endpoint, b, _ []byte) {
 		r.acked = true
 		if h.Size > 0 {
 			r.delivered += int(h.Size)
+		} else if h.Size < 0 {
+			r.slow = true // an ACK follows: FRAGs, scheduled outside the lock
+		}
+		if !r.slow && !r.pmlDone && !r.mpiDone && r.delivered >= r.msgLen && r.inflight == 0 && len(r.ranges) == 0 {
+			// Completed here by the receiver's GETs alone: nothing of the
+			// engine holds r after this handler.
+			r.quiet = true
 		}
 		e.checkSendLocked(r)
 		e.mu.Unlock()

@@ -69,6 +69,10 @@ type Config struct {
 	Exclusivity int
 	Latency     int // microseconds (reported only)
 	Bandwidth   int // Mb/s (reported only)
+	// SyncGet: the endpoints also implement btl.SyncGetter, whose GetNow
+	// needs an inline network (SetInline): on a queued one it is a
+	// violation and fails.
+	SyncGet bool
 }
 
 // DefaultConfig is every capability with DefaultLimits.
@@ -775,11 +779,36 @@ func (m *Module) AddProc(peer int) (btl.Endpoint, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if ep := m.eps[peer]; ep != nil {
-		return ep, nil
+		return ep.pub, nil
 	}
 	ep := &endpoint{m: m, peer: peer}
+	ep.pub = ep
+	if m.cfg.SyncGet {
+		ep.pub = &syncEndpoint{ep}
+	}
 	m.eps[peer] = ep
-	return ep, nil
+	return ep.pub, nil
+}
+
+// syncEndpoint is an endpoint of a Config.SyncGet module.
+type syncEndpoint struct{ *endpoint }
+
+// GetNow is Get on an inline network, which finishes before it returns.
+func (e *syncEndpoint) GetNow(local, handle []byte, off int) error {
+	n := e.m.net
+	n.mu.Lock()
+	inline := n.inline
+	if inline {
+		n.logLocked("%d->%d GetNow", e.m.rank, e.peer)
+	} else {
+		n.violateLocked("%d->%d GetNow on a queued network", e.m.rank, e.peer)
+	}
+	n.mu.Unlock()
+	if !inline {
+		return fmt.Errorf("fake: GetNow needs an inline network: %w", btl.ErrWouldBlock)
+	}
+	_, err := e.rdma(KindGet, local, handle, off, nil)
+	return err
 }
 
 // Register records mem in the network's table; the handle is (id, length).
@@ -835,9 +864,13 @@ func (r *registration) Release() error {
 type endpoint struct {
 	m    *Module
 	peer int
+	pub  btl.Endpoint // what AddProc hands out: this endpoint, or its syncEndpoint
 }
 
-var _ btl.Endpoint = (*endpoint)(nil)
+var (
+	_ btl.Endpoint   = (*endpoint)(nil)
+	_ btl.SyncGetter = (*syncEndpoint)(nil)
+)
 
 func (e *endpoint) Module() btl.Module { return e.m }
 func (e *endpoint) Peer() int          { return e.peer }

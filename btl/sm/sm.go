@@ -62,16 +62,17 @@ const (
 const have = btl.CapSend | btl.CapSendImmediate | btl.CapSendInPlace | btl.CapPut | btl.CapGet
 
 // Open MPI's vader defaults with a single-copy mechanism (notes A.9),
-// except the eager limit: 16 KiB of payload plus 64 bytes of room for the
-// header (vader: 4k, header included). Copy in/out is faster than a
-// rendezvous with a CMA read up to there on the 2-core machine: 8k (the
-// first choice) against 16448, three alternated rounds of gompi-bench:
-// 8 KiB bw 6.4-7.0 -> 8.9-9.1 GB/s, 16 KiB 10.5-11.5 -> 12.3-12.8 GB/s,
-// 16 KiB latency 4.2-4.5 -> 3.6-3.8 us, 4 KiB unchanged
-// (docs/PERFORMANCE.md).
+// except the eager limit: 8 KiB of payload plus 64 bytes of room for the
+// header (vader: 4k, header included). An 8 KiB message copied in and out
+// is faster than a rendezvous with a CMA read (8 KiB bw 6.4-7.0 against
+// 8.9-9.1 GB/s eager, latency 2.7-2.8 against 2.1-2.2 us); a 16 KiB one is
+// not, once rendezvous requests are pooled: four alternated rounds of
+// gompi-bench with 16448 and 4160, 16 KiB bibw 10.1-13.7 -> 15.6-16.9 GB/s
+// (two copies per message on each side against one), latency 3.45-3.55 ->
+// 4.0-4.1 us, vader's 4.0-4.3 (docs/PERFORMANCE.md, "Sixth session").
 var defaults = btl.Defaults{
 	Limits: btl.Limits{
-		EagerLimit:             16<<10 + 64,
+		EagerLimit:             8<<10 + 64,
 		RndvEagerLimit:         32 << 10,
 		MaxSendSize:            32 << 10,
 		RDMAPipelineFragSize:   4 << 10,
