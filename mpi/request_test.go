@@ -879,25 +879,7 @@ func TestWaitallSharedWindow(t *testing.T) {
 					return err
 				}
 			}
-			other := make([]mpi.Status, window)
-			otherErr := make(chan error, 1)
-			go func() {
-				for i, r := range reqs {
-					for {
-						st, done, err := r.Test()
-						if err != nil {
-							otherErr <- err
-							return
-						}
-						if done {
-							other[i] = st
-							break
-						}
-						runtime.Gosched()
-					}
-				}
-				otherErr <- nil
-			}()
+			other, otherErr := testEach(reqs)
 			sts, err := mpi.Waitall(reqs)
 			if err != nil {
 				return err
@@ -951,23 +933,7 @@ func TestRendezvousRequestsReused(t *testing.T) {
 						return err
 					}
 				}
-				tested := make(chan error, 1)
-				go func() {
-					for _, r := range recvs {
-						for {
-							_, done, err := r.Test()
-							if err != nil || done {
-								if err != nil {
-									tested <- err
-									return
-								}
-								break
-							}
-							runtime.Gosched()
-						}
-					}
-					tested <- nil
-				}()
+				_, tested := testEach(recvs)
 				sts, err := mpi.Waitall(recvs)
 				if err != nil {
 					return err
@@ -994,4 +960,29 @@ func TestRendezvousRequestsReused(t *testing.T) {
 		}
 		return errors.Join(<-errs, <-errs)
 	}, mpi.WithParam("pml_force_protocol", "rdma_get"))
+}
+
+// testEach calls Test on each of reqs in turn, from another goroutine,
+// until it reports done; the statuses are valid once the channel gave nil.
+func testEach(reqs []*mpi.Request) ([]mpi.Status, <-chan error) {
+	sts := make([]mpi.Status, len(reqs))
+	errc := make(chan error, 1)
+	go func() {
+		for i, r := range reqs {
+			for {
+				st, done, err := r.Test()
+				if err != nil {
+					errc <- err
+					return
+				}
+				if done {
+					sts[i] = st
+					break
+				}
+				runtime.Gosched()
+			}
+		}
+		errc <- nil
+	}()
+	return sts, errc
 }
