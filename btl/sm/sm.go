@@ -65,7 +65,7 @@ const have = btl.CapSend | btl.CapSendImmediate | btl.CapSendInPlace | btl.CapPu
 // except the eager limit: 8 KiB of payload plus 64 bytes of room for the
 // header (vader: 4k, header included). An 8 KiB message copied in and out
 // is faster than a rendezvous with a CMA read (8 KiB bw 6.4-7.0 against
-// 8.9-9.1 GB/s eager, latency 2.7-2.8 against 2.1-2.2 us); a 16 KiB one is
+// 8.9-9.1 GB/s eager, latency 2.7-2.8 against 2.1-2.5 us); a 16 KiB one is
 // not, once rendezvous requests are pooled: four alternated rounds of
 // gompi-bench with 16448 and 4160, 16 KiB bibw 10.1-13.7 -> 15.6-16.9 GB/s
 // (two copies per message on each side against one), latency 3.45-3.55 ->
