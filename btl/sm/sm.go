@@ -64,10 +64,10 @@ const have = btl.CapSend | btl.CapSendImmediate | btl.CapSendInPlace | btl.CapPu
 // Open MPI's vader defaults with a single-copy mechanism (notes A.9),
 // except the eager limit: 8 KiB of payload plus 64 bytes of room for the
 // header (vader: 4k, header included). An 8 KiB message copied in and out
-// is faster than a rendezvous with a CMA read (8 KiB bw 6.4-7.0 against
-// 8.9-9.1 GB/s eager, latency 2.7-2.8 against 2.1-2.5 us); a 16 KiB one is
-// not, once rendezvous requests are pooled: four alternated rounds of
-// gompi-bench with 16448 and 4160, 16 KiB bibw 10.1-13.7 -> 15.6-16.9 GB/s
+// is faster than a rendezvous with a CMA read; a 16 KiB one is not, once
+// rendezvous requests are pooled. Four alternated rounds of gompi-bench
+// with 16448 and 4160: 8 KiB latency 2.1-2.5 against 2.7-2.8 us by RGET,
+// bw 8.7-10.1 against 8.6-8.7 GB/s; 16 KiB bibw 10.1-13.7 -> 15.6-16.9 GB/s
 // (two copies per message on each side against one), latency 3.45-3.55 ->
 // 4.0-4.1 us, vader's 4.0-4.3 (docs/PERFORMANCE.md, "Sixth session").
 var defaults = btl.Defaults{
