@@ -617,7 +617,14 @@ func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
 	// buf's fields go on separately: a Buffer (40 bytes) passed on whole
 	// is copied through memory with stalling wide loads (perf annotate:
 	// most of this function's time).
-	return c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv)
+	r, err := c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv)
+	// r is not the caller's yet: nobody but this goroutine writes postSeq
+	// (0 when it matched at once, and for the first receive posted). See
+	// yieldEvery.
+	if r != nil && (r.postSeq+1)&(yieldEvery-1) == 0 {
+		yield()
+	}
+	return r, err
 }
 
 // Recv is a blocking receive; it allocates nothing for an eager message.

@@ -1,6 +1,7 @@
 package pml
 
 import (
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -107,4 +108,43 @@ func TestRecycleAllFreeList(t *testing.T) {
 	require.Len(t, c0.e.free, freeMax-1)
 	require.False(t, r.Done())
 	require.False(t, pending.Done())
+}
+
+// Nonblocking calls give the processor up once per yieldEvery (Irecvs that
+// were posted, IsendNow's eager sends); blocking eager calls never do.
+func TestYieldEvery(t *testing.T) {
+	calls := 0
+	yield = func() { calls++ }
+	t.Cleanup(func() { yield = runtime.Gosched })
+	cs := selfComms(t, 2)
+	const n = 2 * yieldEvery
+	b := make([]byte, 8)
+	// Blocking sends to rank 1 land in its unexpected queue; blocking
+	// receives on rank 0 of rank 1's sends take them from there.
+	for range n {
+		require.NoError(t, cs[0].Send(Buffer{Bytes: b}, 1, 3, Standard))
+	}
+	require.Equal(t, 0, calls, "blocking sends")
+	reqs := make([]*Request, 0, 2*n)
+	for range n {
+		r, err := cs[1].Irecv(Buffer{Bytes: b}, 0, 3) // matched at once: not posted, not counted
+		require.NoError(t, err)
+		reqs = append(reqs, r)
+	}
+	require.Equal(t, 0, calls, "Irecvs that matched at once")
+	for range n {
+		r, err := cs[1].Irecv(Buffer{Bytes: b}, 0, 4) // posted
+		require.NoError(t, err)
+		reqs = append(reqs, r)
+	}
+	require.Equal(t, 2, calls, "posted Irecvs")
+	for range n {
+		r, err := cs[0].IsendNow(Buffer{Bytes: b}, 1, 4, Standard)
+		require.NoError(t, err)
+		require.Nil(t, r)
+	}
+	require.Equal(t, 4, calls, "eager IsendNows")
+	for _, r := range reqs {
+		require.True(t, r.Done())
+	}
 }
