@@ -223,11 +223,13 @@ func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
 	if source == ProcNull {
 		return doneRequest(nullStatus), nil
 	}
-	r, err := c.pc.Irecv(pml.Buffer{Bytes: mem, Conv: conv}, source, tag)
+	r := newSinkRequest()
+	pr, err := c.pc.IrecvSink(pml.Buffer{Bytes: mem, Conv: conv}, source, tag, &r.s)
 	if err != nil {
 		return nil, err
 	}
-	return newRequest(r), nil
+	r.p = pr
+	return r, nil
 }
 
 // Probe blocks until a message from source with tag can be received and

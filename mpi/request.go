@@ -3,8 +3,6 @@ package mpi
 import (
 	"context"
 	"errors"
-	"math"
-	"sync/atomic"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/pml"
@@ -14,75 +12,64 @@ import (
 // (or Test until done); the buffer it names belongs to the library until
 // then.
 //
-// The PML request behind it is pooled: the first call that finds it done
-// copies its result here and gives it back. Calls on one Request from
-// several goroutines at once stay safe (each holds a use count while it
-// touches the PML request, and only an unused one is given back), though
-// MPI calls waiting twice on one request erroneous.
+// The PML request behind it is pooled. A receive posted with Irecv hands
+// the PML its sink (pml.Sink): the engine writes the result there at
+// completion and gives the PML request back itself when no call here holds
+// it. Any other request's result is copied here by the first call that
+// finds it done, which gives the PML request back. Calls on one Request
+// from several goroutines at once stay safe: each holds a use count while
+// it touches the PML request, and only an unused one is given back (MPI
+// calls waiting twice on one request erroneous; gompi allows it).
 type Request struct {
 	// p is the PML request, set at creation and never changed (nil for a
-	// request done at once); gone says its result is here and p may be
-	// back in the pool. A plain p saves an atomic store, a locked
-	// instruction, per nonblocking call.
+	// request done at once); once the sink is gone, p may be back in the
+	// pool (and another's) and is not touched. A plain p saves an atomic
+	// store, a locked instruction, per nonblocking call.
 	p *pml.Request
-	// extra holds the result's error and a count beyond 32 bits, when
-	// there are (rare): boxed, so that a Request takes 32 bytes. It is the
-	// one allocation of a nonblocking call, and its bytes set the garbage
-	// collector's pace in a message-rate loop (48 -> 32 bytes: sm rate
-	// 8 B +8%, docs/PERFORMANCE.md, "Fifth session").
-	extra *resultExtra
-	// state: the calls touching *p right now (low bits), taken (one call
-	// copies the result and gives p back) and gone (the result is here).
-	// One word, so that finishing costs two locked instructions, not three.
-	state atomic.Uint32
-	// The result's source and tag (ranks and tags fit in 32 bits: TagUB is
-	// 2^30-1) and count (when extra is nil); Cancelled is cancelledBit.
-	source, tag int32
-	count       uint32
-}
-
-type resultExtra struct {
-	err   error
-	count int
-}
-
-// setResult stores st and err (before gone is set).
-func (r *Request) setResult(st Status, err error) {
-	r.source, r.tag = int32(st.Source), int32(st.Tag)
-	if err != nil || uint64(st.Count) > math.MaxUint32 {
-		r.extra = &resultExtra{err: err, count: st.Count}
-		return
-	}
-	r.count = uint32(st.Count)
-}
-
-// stored returns the result copied here (acquire returned nil).
-func (r *Request) stored() (Status, error) {
-	st := Status{Source: int(r.source), Tag: int(r.tag), Count: int(r.count), Cancelled: r.state.Load()&cancelledBit != 0}
-	if x := r.extra; x != nil {
-		st.Count = x.count
-		return st, x.err
-	}
-	return st, nil
+	// The result (source, tag, count; an error or a count beyond 32 bits
+	// boxed in Extra) and State: the calls touching *p right now (low
+	// bits), taken (one call copies the result and gives p back), gone
+	// (the result is here), recycle (the last of the calls gives p back),
+	// sink mode (Irecv: the engine writes the result). One word, so that
+	// finishing costs few locked instructions. 32 bytes in all: the one
+	// allocation of a nonblocking call, whose bytes set the garbage
+	// collector's pace in a message-rate loop (48 -> 32 bytes: sm rate 8 B
+	// +8%, docs/PERFORMANCE.md, "Fifth session").
+	s pml.Sink
 }
 
 const (
-	goneBit      = 1 << 31
-	takenBit     = 1 << 30
-	cancelledBit = 1 << 29 // the result's Status.Cancelled
-	usersMask    = cancelledBit - 1
+	goneBit      = pml.SinkGone
+	takenBit     = pml.SinkTaken
+	cancelledBit = pml.SinkCancelled
+	sinkBit      = pml.SinkMode
+	usersMask    = pml.SinkUsers
 )
 
-// release drops a use taken by acquire.
-func (r *Request) release() { r.state.Add(^uint32(0)) }
+// stored returns the result copied here (acquire returned nil).
+func (r *Request) stored() (Status, error) {
+	st, err := r.s.Result()
+	return Status(st), err
+}
+
+// release drops a use taken by acquire (giving p back when the engine left
+// that to the last user).
+func (r *Request) release() { r.s.Release(r.p) }
 
 func newRequest(pr *pml.Request) *Request { return &Request{p: pr} }
 
+// newSinkRequest is a Request for an Irecv: its sink gets the result.
+func newSinkRequest() *Request {
+	r := &Request{}
+	r.s.State.Store(sinkBit)
+	return r
+}
+
 func doneRequest(st Status) *Request {
 	r := &Request{}
-	r.setResult(st, nil)
+	r.s.Store(pml.Status(st), nil)
 	if st.Cancelled { // none of the callers' statuses is; kept correct anyway
-		r.state.Store(cancelledBit)
+		r.s.State.Store(cancelledBit)
 	}
 	return r
 }
@@ -90,10 +77,10 @@ func doneRequest(st Status) *Request {
 // acquire returns the PML request with a use count held (release it with
 // r.release()), or nil when the result is already here.
 func (r *Request) acquire() *pml.Request {
-	if r.p == nil || r.state.Load()&goneBit != 0 { // gone never ends: no count needed
+	if r.p == nil || r.s.State.Load()&goneBit != 0 { // gone never ends: no count needed
 		return nil
 	}
-	if r.state.Add(1)&goneBit != 0 {
+	if r.s.State.Add(1)&goneBit != 0 {
 		r.release()
 		return nil
 	}
@@ -131,7 +118,14 @@ func (r *Request) result() (Status, error) {
 // finish takes the result of pr, which is done and held by the caller (a
 // use count), and gives pr back to the pool when nobody else holds it.
 func (r *Request) finish(pr *pml.Request) (Status, error) {
-	if r.state.Or(takenBit)&takenBit != 0 { // another call takes it
+	if r.s.State.Load()&sinkBit != 0 {
+		// The engine stores the result (maybe not quite yet: it marks the
+		// sink gone just after completing pr); held, pr is still ours.
+		st, err := pr.Result()
+		r.release()
+		return Status(st), err
+	}
+	if r.s.State.Or(takenBit)&takenBit != 0 { // another call takes it
 		st, err := pr.Result()
 		r.release()
 		return Status(st), err
@@ -153,37 +147,56 @@ func (r *Request) finishTaken(pr *pml.Request) (Status, error) {
 // back (nil when another call still holds it).
 func (r *Request) finishTakenKeep(pr *pml.Request) (Status, *pml.Request, error) {
 	pst, err := pr.Result()
+	r.s.Store(pst, err)
 	st := Status(pst)
-	r.setResult(st, err)
-	cancelled := st.Cancelled
 	// Gone (later calls read st and err) and this call's use dropped, at
 	// once. A call that looks from now on sees gone: once the count is
 	// zero, nobody can reach pr any more.
 	add := uint32(goneBit - 1)
-	if cancelled {
+	if st.Cancelled {
 		add += cancelledBit
 	}
-	if r.state.Add(add)&usersMask == 0 {
+	if r.s.State.Add(add)&usersMask == 0 {
 		return st, pr, err
 	}
 	return st, nil, err
 }
 
-// waitAlone is Wait's common case: no other call on r yet. This one
-// takes the result (later calls see taken and leave it), with one use
-// held: two locked instructions per request (the swap and
-// finishTakenKeep's add) instead of three (acquire, taken, gone). A Wait
-// without a context always ends with the result, so taking it first is
-// safe; a WaitContext may give up, so it takes it at the end. back is the
-// PML request for the caller to give back; ok false: not the common case,
-// nothing done.
+// waitAlone is Wait's common case: no other call on r yet. For an Irecv's
+// request whose sink is gone, the result is read with no locked
+// instruction and nothing to give back. Otherwise this call takes the
+// result (later calls see taken and leave it), with one use held: two
+// locked instructions per request (the swap and finishTakenKeep's add)
+// instead of three (acquire, taken, gone). A Wait without a context always
+// ends with the result, so taking it first is safe; a WaitContext may give
+// up, so it takes it at the end. back is the PML request for the caller to
+// give back; ok false: not the common case, nothing done.
 func (r *Request) waitAlone() (st Status, back *pml.Request, ok bool, err error) {
 	pr := r.p
-	if pr == nil || !r.state.CompareAndSwap(0, takenBit|1) {
+	if pr == nil {
+		return Status{}, nil, false, nil
+	}
+	if s := r.s.State.Load(); s&sinkBit != 0 {
+		if s&goneBit != 0 {
+			st, err = r.stored()
+			return st, nil, true, err
+		}
+		if pr = r.acquire(); pr == nil {
+			st, err = r.stored()
+			return st, nil, true, err
+		}
+		pr.Engine().Wait(nil, pr) // without a context it returns once pr is done
+		if r.s.State.Load()&usersMask > 1 {
+			pr.Wake() // another goroutine may be parked on pr too
+		}
+		st, err = r.finish(pr)
+		return st, nil, true, err
+	}
+	if !r.s.State.CompareAndSwap(0, takenBit|1) {
 		return Status{}, nil, false, nil
 	}
 	pr.Engine().Wait(nil, pr) // without a context it returns once pr is done
-	if r.state.Load()&usersMask > 1 {
+	if r.s.State.Load()&usersMask > 1 {
 		pr.Wake() // another goroutine may be parked on pr too
 	}
 	st, back, err = r.finishTakenKeep(pr)
@@ -219,12 +232,12 @@ func (r *Request) wait(ctx context.Context) (Status, error) {
 		return Status{}, err
 	}
 	// Alone on r (one use, ours, not taken): take it with one swap.
-	if r.state.CompareAndSwap(1, takenBit|1) {
+	if r.s.State.Load()&sinkBit == 0 && r.s.State.CompareAndSwap(1, takenBit|1) {
 		return r.finishTaken(pr)
 	}
 	// One completion rings one parked waiter: pass it on when another
 	// goroutine may be parked on pr too.
-	if r.state.Load()&usersMask > 1 {
+	if r.s.State.Load()&usersMask > 1 {
 		pr.Wake()
 	}
 	return r.finish(pr)

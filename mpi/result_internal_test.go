@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/pml"
 )
 
 // A Request keeps its result in 32 bits of count and no error field; a
@@ -26,7 +27,7 @@ func TestRequestResultStorage(t *testing.T) {
 		{Status{Source: ProcNull, Tag: AnyTag, Count: 0}, trunc},
 	} {
 		r := &Request{}
-		r.setResult(c.st, c.err)
+		r.s.Store(pml.Status(c.st), c.err)
 		st, err := r.stored()
 		require.Equal(t, c.st, st)
 		require.True(t, errors.Is(err, c.err) && (err == nil) == (c.err == nil), "error %v, want %v", err, c.err)

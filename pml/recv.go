@@ -315,7 +315,12 @@ func (e *Engine) finishRecvLocked(r *Request) {
 	if r.msgLen > r.stored {
 		err = mpierr.Errorf(mpierr.ErrTruncate, "message of %d bytes from rank %d tag %d into a buffer of %d", r.msgLen, st.Source, st.Tag, r.stored)
 	}
-	r.complete(st, err)
+	if r.complete(st, err) && r.poolable() && len(e.free) < freeMax {
+		// The result is in the owner's sink and no call of the owner holds
+		// r, and nothing here touches r after this: it goes back now.
+		r.reset()
+		e.free = append(e.free, r)
+	}
 }
 
 func (e *Engine) checkRecvLocked(r *Request) {
@@ -617,14 +622,7 @@ func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
 	// buf's fields go on separately: a Buffer (40 bytes) passed on whole
 	// is copied through memory with stalling wide loads (perf annotate:
 	// most of this function's time).
-	r, err := c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv)
-	// r is not the caller's yet: nobody but this goroutine writes postSeq
-	// (0 when it matched at once, and for the first receive posted). See
-	// yieldEvery.
-	if r != nil && (r.postSeq+1)&(yieldEvery-1) == 0 {
-		yield()
-	}
-	return r, err
+	return c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv, nil)
 }
 
 // Recv is a blocking receive; it allocates nothing for an eager message.
@@ -632,7 +630,7 @@ func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	e := c.e
 	r := e.takeSpare()
 	r.parks = !e.poll.active() // in-process: Wait parks at once (spinWait)
-	if _, err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv); err != nil {
+	if _, err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv, nil); err != nil {
 		recycleUnstarted(r)
 		return Status{}, err
 	}
@@ -691,7 +689,8 @@ func (r *Request) setRecv(kind reqKind, c *Comm, src, tag int, b []byte, conv Co
 // receives overflows its per-processor slot). It returns the request
 // posted. The buffer comes in its fields: a whole Buffer (40 bytes) passed
 // on is copied through memory with stalling wide loads.
-func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind reqKind) (*Request, error) {
+func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind reqKind, sink *Sink) (*Request, error) {
+	rNil := r == nil
 	if r != nil {
 		r.setRecv(kind, c, src, tag, b, conv)
 	}
@@ -710,6 +709,7 @@ func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind
 	if r == nil {
 		r = e.takeFreeLocked()
 		r.setRecv(kind, c, src, tag, b, conv)
+		r.sink = sink // before it can match
 	}
 	if f := c.m.findUnexpected(src, tag); f != nil {
 		switch kind {
@@ -727,6 +727,10 @@ func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind
 	} else {
 		c.m.post(r)
 	}
+	// An Irecv (r taken here) that was posted counts for yieldEvery; its
+	// post number is read under the lock: one that completed at once may
+	// be back in the free list (a sink's), with postSeq 0.
+	yielding := rNil && (r.postSeq+1)&(yieldEvery-1) == 0
 	start := len(e.toStart) > 0
 	if start && e.poll.active() {
 		// A rendezvous matched at post time starts at the next progress
@@ -741,6 +745,9 @@ func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind
 	e.mu.Unlock()
 	if start {
 		e.runStarts()
+	}
+	if yielding {
+		yield()
 	}
 	return r, nil
 }
@@ -765,7 +772,7 @@ func (c *Comm) Iprobe(src, tag int) (Status, bool, error) {
 func (c *Comm) Probe(ctx context.Context, src, tag int) (Status, error) {
 	r := newReq(true)
 	defer recycle(r)
-	if _, err := c.postRecv(r, nil, nil, src, tag, kindProbe); err != nil {
+	if _, err := c.postRecv(r, nil, nil, src, tag, kindProbe, nil); err != nil {
 		return Status{}, err
 	}
 	if err := c.e.Wait(ctx, r); err != nil {
@@ -803,7 +810,7 @@ func (c *Comm) Improbe(src, tag int) (*Request, Status, bool, error) {
 // Mprobe blocks until a matching message arrives and removes it from matching.
 func (c *Comm) Mprobe(ctx context.Context, src, tag int) (*Request, Status, error) {
 	r := newReq(false)
-	if _, err := c.postRecv(r, nil, nil, src, tag, kindMprobe); err != nil {
+	if _, err := c.postRecv(r, nil, nil, src, tag, kindMprobe, nil); err != nil {
 		return nil, Status{}, err
 	}
 	if err := c.e.Wait(ctx, r); err != nil {

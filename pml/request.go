@@ -118,7 +118,8 @@ type reqState struct {
 	// receiver's last GET finished within its call, or the sender's FIN
 	// of such GETs): poolable though it had an id. Set before completion.
 	quiet     bool
-	slow      bool // a GET of this message failed and its range went by copy
+	slow      bool  // a GET of this message failed and its range went by copy
+	sink      *Sink // recv: where the result goes (IrecvSink), nil otherwise
 	peerWorld int
 	flags     uint8  // recv: flags of the matched RNDV/RGET
 	handle    []byte // recv: the RGET's registration handle (copied)
@@ -145,10 +146,17 @@ type waiter struct{ ch chan struct{} }
 
 var waiterPool = sync.Pool{New: func() any { return &waiter{ch: make(chan struct{}, 1)} }}
 
-// complete publishes the result and wakes a waiter. Called once.
-func (r *Request) complete(st Status, err error) {
+// complete publishes the result and wakes a waiter; called once. With a
+// sink, it reports whether the engine may give r back (no call of the
+// owner held it); without one, r may be the owner's again at once and must
+// not be touched after.
+func (r *Request) complete(st Status, err error) (free bool) {
 	parks := r.parks // before done: once done, the owner may recycle r
 	r.status, r.err = st, err
+	s := r.sink
+	if s != nil {
+		s.Store(st, err)
+	}
 	r.done.Store(r.gen + 1)
 	w := r.w.Load()
 	if w == nil && parks {
@@ -160,6 +168,8 @@ func (r *Request) complete(st Status, err error) {
 		default:
 		}
 	}
+	// Last: once the sink is gone, a holder's release may give r back.
+	return s != nil && s.gone(st.Cancelled)
 }
 
 // Wait blocks until r completes: it spins for up to spin (yielding the

@@ -148,3 +148,55 @@ func TestYieldEvery(t *testing.T) {
 		require.True(t, r.Done())
 	}
 }
+
+// A receive made with a sink (IrecvSink, mpi's Irecv) gets its result
+// written there at completion. With no call of the owner holding the
+// request, the engine gives it back to its free list at once; with one
+// holding it, the sink says so (SinkRecycle) and the holder's Release gives
+// it back, once.
+func TestSinkCompletion(t *testing.T) {
+	cs := selfComms(t, 2)
+	e := cs[1].e
+	b := make([]byte, 8)
+	send := func(tag int, v byte) {
+		require.NoError(t, cs[0].Send(Buffer{Bytes: []byte{v, 2, 3, 4, 5, 6, 7, 8}}, 1, tag, Standard))
+	}
+
+	var s1 Sink
+	s1.State.Store(SinkMode)
+	r1, err := cs[1].IrecvSink(Buffer{Bytes: b}, 0, 5, &s1)
+	require.NoError(t, err)
+	e.mu.Lock()
+	free := len(e.free)
+	e.mu.Unlock()
+	send(5, 42)
+	require.Equal(t, uint32(SinkMode|SinkGone), s1.State.Load(), "gone, nothing to recycle by the owner")
+	st, err := s1.Result()
+	require.NoError(t, err)
+	require.Equal(t, Status{Source: 0, Tag: 5, Count: 8}, st)
+	require.Equal(t, byte(42), b[0])
+	e.mu.Lock()
+	require.Equal(t, free+1, len(e.free), "the engine gave the request back")
+	require.Same(t, r1, e.free[len(e.free)-1])
+	e.mu.Unlock()
+
+	var s2 Sink
+	s2.State.Store(SinkMode)
+	r2, err := cs[1].IrecvSink(Buffer{Bytes: b}, 0, 6, &s2)
+	require.NoError(t, err)
+	require.Same(t, r1, r2, "taken from the free list")
+	s2.State.Add(1) // a call holds it
+	send(6, 43)
+	require.Equal(t, uint32(SinkMode|SinkGone|SinkRecycle|1), s2.State.Load())
+	require.True(t, r2.Done())
+	gen := r2.gen
+	s2.Release(r2) // the last holder gives it back
+	require.Equal(t, uint32(SinkMode|SinkGone), s2.State.Load())
+	require.Equal(t, gen+1, r2.gen, "recycled once")
+	s2.State.Add(1) // a late call that sees gone and lets go
+	s2.Release(r2)
+	require.Equal(t, gen+1, r2.gen, "not recycled again")
+	st, err = s2.Result()
+	require.NoError(t, err)
+	require.Equal(t, Status{Source: 0, Tag: 6, Count: 8}, st)
+}

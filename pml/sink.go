@@ -1,0 +1,101 @@
+package pml
+
+import (
+	"math"
+	"sync/atomic"
+)
+
+// Sink is where a nonblocking receive's result goes when its owner gives
+// one (mpi.Request embeds it): the engine writes the result there at
+// completion, under the lock it holds anyway, and gives the PML request
+// back to its free list at once when no call of the owner holds it. The
+// owner then reads the result without touching the PML request and with
+// no locked instruction, and gives nothing back itself (Waitall's batch,
+// a compare-and-swap and an add per request before).
+//
+// State is shared with the owner: the number of its calls holding the PML
+// request (SinkUsers), and the flags below. The engine sets SinkGone once
+// the fields hold the result; when calls held the request at that moment
+// it also sets SinkRecycle, and the call whose release finds no holder
+// left and takes that flag gives the request back (Release).
+type Sink struct {
+	State       atomic.Uint32
+	Source, Tag int32
+	Count       uint32     // valid when Extra is nil
+	Extra       *SinkExtra // an error or a count beyond 32 bits (rare)
+}
+
+// SinkExtra is the rare part of a result.
+type SinkExtra struct {
+	Err   error
+	Count int
+}
+
+// Bits of Sink.State.
+const (
+	SinkGone      = 1 << 31 // the result is in the sink
+	SinkTaken     = 1 << 30 // the owner's: a call takes the result (requests without a sink)
+	SinkCancelled = 1 << 29 // the result's Status.Cancelled
+	SinkRecycle   = 1 << 28 // gone while held: the last holder gives the PML request back
+	SinkMode      = 1 << 27 // the owner's: the request was made with a sink
+	SinkUsers     = SinkMode - 1
+)
+
+// Store writes st and err into s (the owner's side uses it for requests
+// without a sink; the engine's is complete).
+func (s *Sink) Store(st Status, err error) {
+	s.Source, s.Tag = int32(st.Source), int32(st.Tag)
+	if err != nil || uint64(st.Count) > math.MaxUint32 {
+		s.Extra = &SinkExtra{Err: err, Count: st.Count}
+		return
+	}
+	s.Count = uint32(st.Count)
+}
+
+// Result returns the result stored in s (valid once SinkGone was seen).
+func (s *Sink) Result() (Status, error) {
+	st := Status{Source: int(s.Source), Tag: int(s.Tag), Count: int(s.Count), Cancelled: s.State.Load()&SinkCancelled != 0}
+	if x := s.Extra; x != nil {
+		st.Count = x.Count
+		return st, x.Err
+	}
+	return st, nil
+}
+
+// gone marks s gone (and cancelled); it reports whether no call held the
+// PML request, which the engine may then give back itself. Otherwise the
+// last holder will (SinkRecycle).
+func (s *Sink) gone(cancelled bool) bool {
+	add := uint32(SinkGone)
+	if cancelled {
+		add |= SinkCancelled
+	}
+	for {
+		old := s.State.Load()
+		nw := old | add
+		if old&SinkUsers != 0 {
+			nw |= SinkRecycle
+		}
+		if s.State.CompareAndSwap(old, nw) {
+			return old&SinkUsers == 0
+		}
+	}
+}
+
+// Release drops a call's hold on r, the PML request behind s, taken by an
+// atomic add of one to s.State; the last holder after completion gives r
+// back.
+func (s *Sink) Release(r *Request) {
+	if v := s.State.Add(^uint32(0)); v&SinkUsers == 0 && v&SinkRecycle != 0 {
+		if s.State.And(^uint32(SinkRecycle))&SinkRecycle != 0 {
+			recycle(r)
+		}
+	}
+}
+
+// IrecvSink is Irecv whose result goes into s (see Sink); s.State must
+// hold SinkMode and nothing else. The request returned must not be used
+// once s is gone: it may be back in the free list.
+func (c *Comm) IrecvSink(buf Buffer, src, tag int, s *Sink) (*Request, error) {
+	return c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv, s)
+}
