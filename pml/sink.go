@@ -6,12 +6,14 @@ import (
 )
 
 // Sink is where a nonblocking receive's result goes when its owner gives
-// one (mpi.Request embeds it): the engine writes the result there at
-// completion, under the lock it holds anyway, and gives the PML request
-// back to its free list at once when no call of the owner holds it. The
-// owner then reads the result without touching the PML request and with
-// no locked instruction, and gives nothing back itself (Waitall's batch,
-// a compare-and-swap and an add per request before).
+// one (an mpi.Request holds one): the engine writes the result there at
+// completion and, when no call of the owner holds the PML request then,
+// gives the request back to its free list under the lock it holds anyway
+// (a request completed elsewhere than the receive's common ending, e.g. by
+// a failure or a cancel, is left to the collector instead). The owner
+// reads the result without touching the PML request and with no locked
+// instruction, and gives nothing back itself (Waitall's batch, a
+// compare-and-swap and an add per request before).
 //
 // State is shared with the owner: the number of its calls holding the PML
 // request (SinkUsers), and the flags below. The engine sets SinkGone once
