@@ -9,8 +9,8 @@ import (
 // one (an mpi.Request holds one): the engine writes the result there at
 // completion and, when no call of the owner holds the PML request then,
 // gives the request back to its free list under the lock it holds anyway
-// (a request completed elsewhere than the receive's common ending, e.g. by
-// a failure or a cancel, is left to the collector instead). The owner
+// (one completed elsewhere than at the receive's common ending, by a
+// peer's failure say, with no holder, is left to the collector). The owner
 // reads the result without touching the PML request and with no locked
 // instruction, and gives nothing back itself (Waitall's batch, a
 // compare-and-swap and an add per request before).
