@@ -1,7 +1,6 @@
 package mpi_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gompi-org/gompi/convertor"
+	"github.com/gompi-org/gompi/internal/mpicheck"
 	"github.com/gompi-org/gompi/mpi"
 )
 
@@ -879,7 +879,7 @@ func TestWaitallSharedWindow(t *testing.T) {
 					return err
 				}
 			}
-			other, otherErr := testEach(reqs)
+			other, otherErr := mpicheck.TestEach(reqs)
 			sts, err := mpi.Waitall(reqs)
 			if err != nil {
 				return err
@@ -908,81 +908,7 @@ func TestWaitallSharedWindow(t *testing.T) {
 // source and tag must be the message's own, which a request reused while
 // the engine still used it would break.
 func TestRendezvousRequestsReused(t *testing.T) {
-	const windows, window = 30, 8
-	sizes := []int{20 << 10, 70 << 10, 1}
 	mustRun(t, 2, func(w *mpi.Comm) error {
-		peer := 1 - w.Rank()
-		stream := func(lane int) error {
-			for win := range windows {
-				tag := lane*1000 + win
-				recvs := make([]*mpi.Request, window)
-				sends := make([]*mpi.Request, window)
-				rbufs := make([][]byte, window)
-				for i := range window {
-					rbufs[i] = make([]byte, sizes[i%len(sizes)])
-					var err error
-					if recvs[i], err = w.Irecv(rbufs[i], peer, tag); err != nil {
-						return err
-					}
-				}
-				for i := range window {
-					sb := make([]byte, sizes[i%len(sizes)])
-					fill(sb, uint64(w.Rank()<<20|tag<<4|i))
-					var err error
-					if sends[i], err = w.Isend(sb, peer, tag); err != nil {
-						return err
-					}
-				}
-				_, tested := testEach(recvs)
-				sts, err := mpi.Waitall(recvs)
-				if err != nil {
-					return err
-				}
-				if err := <-tested; err != nil {
-					return err
-				}
-				if _, err := mpi.Waitall(sends); err != nil {
-					return err
-				}
-				for i := range window {
-					want := make([]byte, sizes[i%len(sizes)])
-					fill(want, uint64(peer<<20|tag<<4|i))
-					if !bytes.Equal(rbufs[i], want) || sts[i].Source != peer || sts[i].Tag != tag || sts[i].Count != len(want) {
-						return fmt.Errorf("lane %d window %d message %d: wrong bytes or status %+v", lane, win, i, sts[i])
-					}
-				}
-			}
-			return nil
-		}
-		errs := make(chan error, 2)
-		for lane := range 2 {
-			go func() { errs <- stream(lane) }()
-		}
-		return errors.Join(<-errs, <-errs)
+		return mpicheck.Windows(w, 1-w.Rank(), 0, 30, 8, []int{20 << 10, 70 << 10, 1})
 	}, mpi.WithParam("pml_force_protocol", "rdma_get"))
-}
-
-// testEach calls Test on each of reqs in turn, from another goroutine,
-// until it reports done; the statuses are valid once the channel gave nil.
-func testEach(reqs []*mpi.Request) ([]mpi.Status, <-chan error) {
-	sts := make([]mpi.Status, len(reqs))
-	errc := make(chan error, 1)
-	go func() {
-		for i, r := range reqs {
-			for {
-				st, done, err := r.Test()
-				if err != nil {
-					errc <- err
-					return
-				}
-				if done {
-					sts[i] = st
-					break
-				}
-				runtime.Gosched()
-			}
-		}
-		errc <- nil
-	}()
-	return sts, errc
 }

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/gompi-org/gompi/convertor"
+	"github.com/gompi-org/gompi/internal/mpicheck"
 	"github.com/gompi-org/gompi/mpi"
 )
 
@@ -214,7 +215,7 @@ func run(w *mpi.Comm) error {
 	// two goroutines each, with a third testing the receives: pooled
 	// requests (eager and single-copy rendezvous) are reused at once.
 	if n >= 2 && me <= 1 {
-		if err := windows(w, 1-me); err != nil {
+		if err := mpicheck.Windows(w, 1-me, 1000, 20, 8, []int{20 << 10, 1, 70 << 10, 9000, 300}); err != nil {
 			return fmt.Errorf("windows: %w", err)
 		}
 	}
@@ -279,73 +280,4 @@ func run(w *mpi.Comm) error {
 		seen[v[0]] = true
 	}
 	return nil
-}
-
-// windows streams windows of mixed-size Isend/Irecv pairs with peer on two
-// lanes (goroutines) at once, while another goroutine Tests the receives,
-// and checks every byte and status.
-func windows(w *mpi.Comm, peer int) error {
-	const rounds, window = 20, 8
-	sizes := []int{20 << 10, 1, 70 << 10, 9000, 300}
-	lane := func(l int) error {
-		for round := range rounds {
-			tag := 1000 + l*100 + round
-			recvs, sends := make([]*mpi.Request, window), make([]*mpi.Request, window)
-			bufs := make([][]byte, window)
-			for i := range window {
-				bufs[i] = make([]byte, sizes[i%len(sizes)])
-				var err error
-				if recvs[i], err = w.Irecv(bufs[i], peer, tag); err != nil {
-					return err
-				}
-			}
-			for i := range window {
-				var err error
-				if sends[i], err = w.Isend(pattern(sizes[i%len(sizes)], w.Rank()*97+tag+i), peer, tag); err != nil {
-					return err
-				}
-			}
-			tested := make(chan error, 1)
-			go func() {
-				for _, r := range recvs {
-					for {
-						_, done, err := r.Test()
-						if err != nil {
-							tested <- err
-							close(tested)
-							return
-						}
-						if done {
-							break
-						}
-					}
-				}
-				close(tested)
-			}()
-			sts, err := mpi.Waitall(recvs)
-			if err != nil {
-				return err
-			}
-			for err := range tested {
-				if err != nil {
-					return err
-				}
-			}
-			if _, err := mpi.Waitall(sends); err != nil {
-				return err
-			}
-			for i := range window {
-				want := pattern(sizes[i%len(sizes)], peer*97+tag+i)
-				if sts[i].Source != peer || sts[i].Tag != tag || sts[i].Count != len(want) || !bytes.Equal(bufs[i], want) {
-					return fmt.Errorf("lane %d round %d message %d: wrong bytes or status %+v", l, round, i, sts[i])
-				}
-			}
-		}
-		return nil
-	}
-	errs := make(chan error, 2)
-	for l := range 2 {
-		go func() { errs <- lane(l) }()
-	}
-	return errors.Join(<-errs, <-errs)
 }
