@@ -154,8 +154,9 @@ func (c *Comm) sendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (r *R
 // collection that starts meanwhile gets no processor for its worker, so
 // its mark phase, with write barriers on, stretched over 1.6-3.5 ms of
 // every ~16 ms of an 8-byte message-rate loop (GODEBUG=gctrace=1).
-// Yielding ends it in 0.1-0.2 ms: rate 8 B +8-10%, 512 B +9-14%
-// (docs/PERFORMANCE.md, "Sixth session"). Blocking eager calls allocate
+// Yielding ends it in 0.1-0.2 ms: rate 8 B 7.03-7.32 -> 7.95-8.19 M/s,
+// 512 B 2.86-2.98 -> 3.29-3.54 (five alternated runs; docs/PERFORMANCE.md,
+// "Sixth session", item 5). Blocking eager calls allocate
 // nothing and do not yield: their paths stay as they were (yielding in the
 // paths both kinds share measured 2-3% slower in a blocking ping-pong).
 const yieldEvery = 1024
