@@ -163,14 +163,16 @@ type Module interface {
 }
 
 // HeaderSender is implemented by endpoints that also take a 16-byte
-// header by value: SendImmediateHeader(tag, h, data) is
-// SendImmediate(tag, h[:], data). A slice passed through the Endpoint
-// interface escapes, so a caller of SendImmediate must keep its header on
-// the heap (the PML took a pooled buffer per message); an array passed by
-// value stays on the caller's stack (go test -bench 'PMLRoundTrip/size=8B$'
-// ./btl/sm: 0.1714 -> 0.1644 us per one-way message).
+// header by value, as two little-endian words: SendImmediateHeader(tag,
+// h0, h1, data) is SendImmediate(tag, h, data) where h holds h0 then h1.
+// A slice passed through the Endpoint interface escapes, so a caller of
+// SendImmediate must keep its header on the heap (the PML took a pooled
+// buffer per message); words stay in registers (go test -bench
+// 'PMLRoundTrip/size=8B$' ./btl/sm: 0.1714 -> 0.1644 us per one-way
+// message with a [16]byte by value, which the words then replaced: see
+// docs/PERFORMANCE.md).
 type HeaderSender interface {
-	SendImmediateHeader(tag Tag, h [16]byte, data []byte) error
+	SendImmediateHeader(tag Tag, h0, h1 uint64, data []byte) error
 }
 
 // SyncGetter is an optional Endpoint interface for transports whose Get

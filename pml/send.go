@@ -110,10 +110,9 @@ func (c *Comm) sendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (r *R
 	}
 	m := hdr.Match{Seq: uint16(c.seqs[dest].send.Add(1) - 1), Ctx: c.ctx, Src: int32(c.rank), Tag: int32(tag)}
 	if proto == EagerImmediate && p.hs != nil {
-		// The header by value, on this stack: no pooled buffer.
-		var h [hdr.MatchLen]byte
-		m.Encode(h[:])
-		if err = p.hs.SendImmediateHeader(btl.Tag(hdr.TypeMatch), h, b); err == nil {
+		// The header by value, in registers: no pooled buffer.
+		h0, h1 := m.Words()
+		if err = p.hs.SendImmediateHeader(btl.Tag(hdr.TypeMatch), h0, h1, b); err == nil {
 			e.count(EagerImmediate, len(b))
 			return nil, true, nil
 		}

@@ -83,9 +83,9 @@ func (e *endpoint) peerGone() error {
 	return fmt.Errorf("sm: rank %d closed its shared-memory transport: %w", e.p.rank, btl.ErrClosed)
 }
 
-func (e *endpoint) checkSize(hdr, data []byte) error {
-	if n := len(hdr) + len(data); n > e.m.cfg.maxSend || len(hdr) > math.MaxUint16 {
-		return mpierr.Errorf(mpierr.ErrArg, "sm: fragment of %d bytes (header %d) exceeds %d", n, len(hdr), e.m.cfg.maxSend)
+func (e *endpoint) checkSize(hn int, data []byte) error {
+	if n := hn + len(data); n > e.m.cfg.maxSend || hn > math.MaxUint16 {
+		return mpierr.Errorf(mpierr.ErrArg, "sm: fragment of %d bytes (header %d) exceeds %d", n, hn, e.m.cfg.maxSend)
 	}
 	return nil
 }
@@ -94,17 +94,19 @@ func (e *endpoint) checkSize(hdr, data []byte) error {
 // nil the fragment is in the peer's fast box or FIFO. It never references
 // hdr or data after returning.
 func (e *endpoint) SendImmediate(tag btl.Tag, hdr, data []byte) error {
-	return e.sendImmediate(tag, hdr, data)
+	h := bytesHeader(hdr)
+	return e.sendImmediate(tag, &h, data)
 }
 
 // SendImmediateHeader is SendImmediate with the header by value
 // (btl.HeaderSender).
-func (e *endpoint) SendImmediateHeader(tag btl.Tag, h [16]byte, data []byte) error {
-	return e.sendImmediate(tag, h[:], data)
+func (e *endpoint) SendImmediateHeader(tag btl.Tag, h0, h1 uint64, data []byte) error {
+	h := header{w0: h0, w1: h1, useWords: true}
+	return e.sendImmediate(tag, &h, data)
 }
 
-func (e *endpoint) sendImmediate(tag btl.Tag, hdr, data []byte) error {
-	if err := e.checkSize(hdr, data); err != nil {
+func (e *endpoint) sendImmediate(tag btl.Tag, h *header, data []byte) error {
+	if err := e.checkSize(h.len(), data); err != nil {
 		return err
 	}
 	e.mu.Lock()
@@ -118,7 +120,7 @@ func (e *endpoint) sendImmediate(tag btl.Tag, hdr, data []byte) error {
 	}
 	st, err := notSent, e.err // drain may have failed the peer
 	if len(e.pending) == 0 && err == nil {
-		st, err = e.trySend(tag, hdr, data)
+		st, err = e.trySend(tag, h, data)
 		if st == sentFrag {
 			// Copied but not posted: refuse rather than keep it.
 			e.m.pool.put(e.lastFrag)
@@ -145,7 +147,7 @@ func (e *endpoint) sendImmediate(tag btl.Tag, hdr, data []byte) error {
 // module closed). An error return means nothing was sent and cb is not
 // called.
 func (e *endpoint) Send(tag btl.Tag, hdr, data []byte, cb btl.Completion) (bool, error) {
-	if err := e.checkSize(hdr, data); err != nil {
+	if err := e.checkSize(len(hdr), data); err != nil {
 		return false, err
 	}
 	e.mu.Lock()
@@ -158,7 +160,8 @@ func (e *endpoint) Send(tag btl.Tag, hdr, data []byte, cb btl.Completion) (bool,
 		d = e.drain()
 	}
 	if len(e.pending) == 0 {
-		st, err := e.trySend(tag, hdr, data)
+		h := bytesHeader(hdr)
+		st, err := e.trySend(tag, &h, data)
 		switch {
 		case err != nil:
 			e.mu.Unlock()
@@ -200,7 +203,8 @@ func (e *endpoint) queueCopy(tag btl.Tag, hdr, data []byte, cb btl.Completion) b
 	if k == 0 || e.pending[k-1].frag < 0 {
 		return false
 	}
-	idx, ok := e.copyToFrag(tag, hdr, data)
+	h := bytesHeader(hdr)
+	idx, ok := e.copyToFrag(tag, &h, data)
 	if ok {
 		e.queue(pendingSend{frag: idx, tag: tag, cb: cb})
 	}
@@ -318,10 +322,10 @@ const (
 
 // trySend posts hdr+data: inline in the fast box when it exists and the
 // fragment is small, else through a fragment. Called with e.mu held.
-func (e *endpoint) trySend(tag btl.Tag, hdr, data []byte) (int, error) {
-	n := len(hdr) + len(data)
+func (e *endpoint) trySend(tag btl.Tag, h *header, data []byte) (int, error) {
+	n := h.len() + len(data)
 	if e.announced && n <= e.m.lay.inlineLimit {
-		switch err := e.tx.putInline(uint8(tag), hdr, data); {
+		switch err := e.tx.putInline(uint8(tag), h, data); {
 		case err == nil:
 			e.sentN++
 			e.sentB += int64(n)
@@ -335,7 +339,7 @@ func (e *endpoint) trySend(tag btl.Tag, hdr, data []byte) (int, error) {
 		// whole entry (a window of 512-byte sends ran at a quarter of
 		// the rate of 4 KiB ones).
 	}
-	idx, ok := e.copyToFrag(tag, hdr, data)
+	idx, ok := e.copyToFrag(tag, h, data)
 	if !ok {
 		return notSent, nil
 	}
@@ -353,14 +357,15 @@ func (e *endpoint) trySend(tag btl.Tag, hdr, data []byte) (int, error) {
 
 // copyToFrag copies hdr+data into a free fragment of this process's pool
 // and fills its header; false when none is free.
-func (e *endpoint) copyToFrag(tag btl.Tag, hdr, data []byte) (int, bool) {
-	idx, payload, ok := e.m.pool.get(len(hdr) + len(data))
+func (e *endpoint) copyToFrag(tag btl.Tag, h *header, data []byte) (int, bool) {
+	hn := h.len()
+	idx, payload, ok := e.m.pool.get(hn + len(data))
 	if !ok {
 		return 0, false
 	}
-	copy(payload, hdr)
-	copy(payload[len(hdr):], data)
-	e.fill(idx, tag, len(hdr), len(hdr)+len(data))
+	h.put(payload, 0, hn)
+	copy(payload[hn:], data)
+	e.fill(idx, tag, hn, hn+len(data))
 	return idx, true
 }
 
@@ -488,7 +493,8 @@ func (e *endpoint) drain() drained {
 			err = e.post(ps.frag)
 		} else {
 			var st int
-			st, err = e.trySend(ps.tag, ps.hdr, ps.data)
+			h := bytesHeader(ps.hdr)
+			st, err = e.trySend(ps.tag, &h, ps.data)
 			switch {
 			case err != nil:
 			case st == sentFrag:

@@ -89,10 +89,13 @@ func FuzzFastBoxRing(f *testing.F) {
 		seg := make([]byte, 1<<16)
 		lay := layout{fboxOff: 0, fboxSize: 256, fboxCount: 1, fboxStride: line + 256}
 		tx := newTxBox(seg, &lay, 0)
-		tx.putInline(0x41, []byte("header"), []byte("data"))
+		h1 := bytesHeader([]byte("header"))
+		tx.putInline(0x41, &h1, []byte("data"))
 		tx.putFrag(3)
-		tx.putInline(0x42, nil, make([]byte, 40))
-		tx.putInline(0x43, make([]byte, 16), make([]byte, 100)) // wraps: skip entry
+		h2 := bytesHeader(nil)
+		tx.putInline(0x42, &h2, make([]byte, 40))
+		h3 := bytesHeader(make([]byte, 16))
+		tx.putInline(0x43, &h3, make([]byte, 100)) // wraps: skip entry
 		frag := make([]byte, 24)
 		binary.LittleEndian.PutUint64(frag[8:], packFragMeta(0x41, 0, 4, 100))
 		binary.LittleEndian.PutUint64(frag[16:], 0)

@@ -2,7 +2,9 @@ package hdr
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -139,4 +141,24 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Words is the two-word form of Encode: the same 16 bytes, little-endian.
+func TestMatchWordsAreEncode(t *testing.T) {
+	for _, m := range []Match{
+		{},
+		{Flags: 0xa5, Seq: 0xfffe, Ctx: 0xdeadbeef, Src: -1, Tag: math.MinInt32},
+		{Flags: 1, Seq: 7, Ctx: 3, Src: 123456, Tag: math.MaxInt32},
+	} {
+		var want [MatchLen]byte
+		m.Encode(want[:])
+		w0, w1 := m.Words()
+		var got [MatchLen]byte
+		binary.LittleEndian.PutUint64(got[:], w0)
+		binary.LittleEndian.PutUint64(got[8:], w1)
+		require.Equal(t, want, got, "%+v", m)
+		var back Match
+		require.NoError(t, back.Decode(got[:]))
+		require.Equal(t, m, back)
+	}
 }
