@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/pml"
@@ -15,6 +16,9 @@ type Comm struct {
 	in   *instance
 	pc   *pml.Comm
 	coll sync.Mutex // one collective operation at a time on this communicator
+	// sent is the request of the last send that completed within its
+	// Isend: see sentRequest.
+	sent atomic.Pointer[Request]
 }
 
 // Rank returns the calling rank's number in c (0..Size-1); -1 for an invalid communicator.
@@ -206,9 +210,24 @@ func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
 		if conv != nil {
 			n = conv.Size()
 		}
-		return doneRequest(Status{Source: dest, Tag: tag, Count: n}), nil
+		return c.sentRequest(dest, tag, n), nil
 	}
 	return newRequest(r), nil
+}
+
+// sentRequest returns a request done at once with the status of a send of
+// n bytes to dest with tag. Such a request never changes (no call on it
+// writes to it), so one can stand for every such send with the same
+// status: a loop of eager Isends to one peer allocates nothing, as Open
+// MPI returns one shared completed request for them. The communicator
+// keeps the last one made.
+func (c *Comm) sentRequest(dest, tag, n int) *Request {
+	if d := c.sent.Load(); d != nil && d.s.Extra == nil && int(d.s.Source) == dest && int(d.s.Tag) == tag && int(d.s.Count) == n {
+		return d
+	}
+	d := doneRequest(Status{Source: dest, Tag: tag, Count: n})
+	c.sent.Store(d)
+	return d
 }
 
 // Irecv starts a receive; buf must not be touched until the request completes.

@@ -912,3 +912,80 @@ func TestRendezvousRequestsReused(t *testing.T) {
 		return mpicheck.Windows(w, 1-w.Rank(), 0, 30, 8, []int{20 << 10, 70 << 10, 1})
 	}, mpi.WithParam("pml_force_protocol", "rdma_get"))
 }
+
+// Sends that complete within Isend may share one done request: each still
+// reports its own destination, tag and count, however often it is waited
+// for or tested, also when goroutines send with different tags at once.
+func TestIsendDoneRequestStatus(t *testing.T) {
+	type send struct{ size, tag int }
+	seq := []send{{8, 1}, {8, 1}, {16, 1}, {8, 2}, {8, 1}, {0, 1}, {8, 1}}
+	const goroutines, each = 4, 200
+	mustRun(t, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 1 {
+			for i, s := range seq {
+				buf := make([]byte, 32)
+				st, err := w.Recv(buf, 0, s.tag)
+				if err != nil {
+					return err
+				}
+				if st.Count != s.size {
+					return fmt.Errorf("receive %d: %d bytes, want %d", i, st.Count, s.size)
+				}
+			}
+			for range goroutines * each {
+				if _, err := w.Recv(make([]byte, 32), 0, mpi.AnyTag); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		reqs := make([]*mpi.Request, len(seq))
+		for i, s := range seq {
+			var err error
+			if reqs[i], err = w.Isend(make([]byte, s.size), 1, s.tag); err != nil {
+				return err
+			}
+		}
+		for round := range 2 {
+			sts, err := mpi.Waitall(reqs)
+			if err != nil {
+				return err
+			}
+			for i, s := range seq {
+				if want := (mpi.Status{Source: 1, Tag: s.tag, Count: s.size}); sts[i] != want {
+					return fmt.Errorf("round %d, send %d: Waitall status %+v, want %+v", round, i, sts[i], want)
+				}
+				st, done, err := reqs[i].Test()
+				if err != nil || !done || st.Tag != s.tag || st.Count != s.size {
+					return fmt.Errorf("round %d, send %d: Test %+v %v %v", round, i, st, done, err)
+				}
+			}
+		}
+		errs := make(chan error, goroutines)
+		for g := range goroutines {
+			go func() {
+				for i := range each {
+					size := 1 + (g+i)%24
+					r, err := w.Isend(make([]byte, size), 1, 10+g)
+					if err == nil {
+						var st mpi.Status
+						st, err = r.Wait()
+						if err == nil && (st.Source != 1 || st.Tag != 10+g || st.Count != size) {
+							err = fmt.Errorf("goroutine %d send %d: status %+v, want tag %d count %d", g, i, st, 10+g, size)
+						}
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		var all error
+		for range goroutines {
+			all = errors.Join(all, <-errs)
+		}
+		return all
+	})
+}
