@@ -9,9 +9,10 @@ import (
 )
 
 // TestSmallMessageAllocations: once warmed up, a blocking Send/Recv of a
-// small message allocates nothing, and a nonblocking one allocates only
-// the Irecv's Request (the PML's request is pooled; an Isend done at once
-// returns the communicator's shared done request).
+// small message allocates nothing, and so does a nonblocking one on
+// average: the PML's request is pooled, an Isend done at once returns the
+// communicator's shared done request, and the Irecv's Request comes from
+// a slab of 64 (AllocsPerRun's average is a whole number).
 func TestSmallMessageAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
@@ -67,5 +68,5 @@ func TestSmallMessageAllocations(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Zero(t, blocking, "allocations per blocking round trip")
-	require.LessOrEqual(t, nonblocking, 1.0, "allocations per nonblocking round trip (the Irecv's Request)")
+	require.Zero(t, nonblocking, "allocations per nonblocking round trip")
 }

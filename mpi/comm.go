@@ -19,6 +19,36 @@ type Comm struct {
 	// sent is the request of the last send that completed within its
 	// Isend: see sentRequest.
 	sent atomic.Pointer[Request]
+	// slab hands out the Requests of Irecv and of sends that did not
+	// complete at once: see newReq.
+	slab atomic.Pointer[reqSlab]
+}
+
+// reqSlab is a block of Requests handed out in order.
+type reqSlab struct {
+	next atomic.Int32
+	reqs [64]Request
+}
+
+// newReq returns a zero Request from the communicator's slab, one
+// allocation per 64 requests instead of one each: a nonblocking call's
+// allocation was 16% of the receiving rank's time in gompi-bench rate 8 B
+// (perf). A slab stays in memory while any of its requests is referenced
+// (2 KiB held by one kept Request).
+func (c *Comm) newReq() *Request {
+	for {
+		s := c.slab.Load()
+		if s != nil {
+			if i := s.next.Add(1) - 1; int(i) < len(s.reqs) {
+				return &s.reqs[i]
+			}
+		}
+		ns := new(reqSlab)
+		ns.next.Store(1)
+		if c.slab.CompareAndSwap(s, ns) {
+			return &ns.reqs[0]
+		}
+	}
 }
 
 // Rank returns the calling rank's number in c (0..Size-1); -1 for an invalid communicator.
@@ -212,7 +242,9 @@ func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
 		}
 		return c.sentRequest(dest, tag, n), nil
 	}
-	return newRequest(r), nil
+	rq := c.newReq()
+	rq.p = r
+	return rq, nil
 }
 
 // sentRequest returns a request done at once with the status of a send of
@@ -242,7 +274,13 @@ func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
 	if source == ProcNull {
 		return doneRequest(nullStatus), nil
 	}
-	r := newSinkRequest()
+	// The sink gets the result. Its mode takes an atomic store; marking
+	// the other requests instead (the zero State meaning a sink) moved
+	// that store to every pending Isend and cost sm rate 512 B 3.49-3.76 ->
+	// 2.99-3.37 M/s (five alternated runs; docs/PERFORMANCE.md, "Sixth
+	// session", item 9).
+	r := c.newReq()
+	r.s.State.Store(sinkBit)
 	pr, err := c.pc.IrecvSink(pml.Buffer{Bytes: mem, Conv: conv}, source, tag, &r.s)
 	if err != nil {
 		return nil, err

@@ -58,17 +58,6 @@ func (r *Request) release() { r.s.Release(r.p) }
 
 func newRequest(pr *pml.Request) *Request { return &Request{p: pr} }
 
-// newSinkRequest is a Request for an Irecv: its sink gets the result. Its
-// mode takes an atomic store here; marking the other requests instead
-// (the zero State meaning a sink) moved that store to every pending Isend
-// and cost sm rate 512 B 3.49-3.76 -> 2.99-3.37 M/s (five alternated runs;
-// docs/PERFORMANCE.md, "Sixth session", item 9).
-func newSinkRequest() *Request {
-	r := &Request{}
-	r.s.State.Store(sinkBit)
-	return r
-}
-
 func doneRequest(st Status) *Request {
 	r := &Request{}
 	r.s.Store(pml.Status(st), nil)
