@@ -274,13 +274,9 @@ func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
 	if source == ProcNull {
 		return doneRequest(nullStatus), nil
 	}
-	// The sink gets the result. Its mode takes an atomic store; marking
-	// the other requests instead (the zero State meaning a sink) moved
-	// that store to every pending Isend and cost sm rate 512 B 3.49-3.76 ->
-	// 2.99-3.37 M/s (five alternated runs; docs/PERFORMANCE.md, "Sixth
-	// session", item 9).
+	// The sink gets the result: sink mode, set before IrecvSink shares r.
 	r := c.newReq()
-	r.s.State.Store(sinkBit)
+	r.s.State.Init(sinkBit)
 	pr, err := c.pc.IrecvSink(pml.Buffer{Bytes: mem, Conv: conv}, source, tag, &r.s)
 	if err != nil {
 		return nil, err

@@ -62,7 +62,7 @@ func doneRequest(st Status) *Request {
 	r := &Request{}
 	r.s.Store(pml.Status(st), nil)
 	if st.Cancelled { // none of the callers' statuses is; kept correct anyway
-		r.s.State.Store(cancelledBit)
+		r.s.State.Init(cancelledBit)
 	}
 	return r
 }

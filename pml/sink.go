@@ -21,10 +21,28 @@ import (
 // it also sets SinkRecycle, and the call whose release finds no holder
 // left and takes that flag gives the request back (Release).
 type Sink struct {
-	State       atomic.Uint32
+	State       SinkState
 	Source, Tag int32
 	Count       uint32     // valid when Extra is nil
 	Extra       *SinkExtra // an error or a count beyond 32 bits (rare)
+}
+
+// SinkState is a Sink's state word: atomic.Uint32's methods, and Init.
+type SinkState struct{ v uint32 }
+
+// Init sets the state with an ordinary store, for a Sink nobody else sees
+// yet (the engine sees it once IrecvSink posts it, under the engine's
+// lock): the atomic store it replaces is a locked instruction, one per
+// Irecv.
+func (s *SinkState) Init(v uint32) { s.v = v }
+
+func (s *SinkState) Load() uint32        { return atomic.LoadUint32(&s.v) }
+func (s *SinkState) Store(v uint32)      { atomic.StoreUint32(&s.v, v) }
+func (s *SinkState) Add(d uint32) uint32 { return atomic.AddUint32(&s.v, d) }
+func (s *SinkState) Or(m uint32) uint32  { return atomic.OrUint32(&s.v, m) }
+func (s *SinkState) And(m uint32) uint32 { return atomic.AndUint32(&s.v, m) }
+func (s *SinkState) CompareAndSwap(old, nw uint32) bool {
+	return atomic.CompareAndSwapUint32(&s.v, old, nw)
 }
 
 // SinkExtra is the rare part of a result.
