@@ -13,7 +13,7 @@ import (
 
 // pmlPair joins two sm modules of this process with two PML engines (no
 // background pollers): whoever waits polls the transport itself.
-func pmlPair(b *testing.B, overrides ...[2]string) (c0, c1 *pml.Comm) {
+func pmlPair(b testing.TB, overrides ...[2]string) (c0, c1 *pml.Comm) {
 	ranks := openJob(b, btltest.NewStore(), 2, overrides...)
 	var comms [2]*pml.Comm
 	for i, r := range ranks {

@@ -1,0 +1,39 @@
+package sm
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gompi-org/gompi/pml"
+)
+
+// Every eager standard send from a contiguous buffer goes to sm at once,
+// without a request, not only those up to pml.ImmediateMax; a forced
+// protocol still goes its own way. The receiver gets the bytes either way.
+func TestEagerSendWithoutRequest(t *testing.T) {
+	for _, force := range []string{"", "eager"} {
+		var over [][2]string
+		if force != "" {
+			over = append(over, [2]string{"pml_force_protocol", force})
+		}
+		c0, c1 := pmlPair(t, over...)
+		for i, size := range []int{0, 8, pml.ImmediateMax, pml.ImmediateMax + 1, 512, 4096, 8192} {
+			msg := bytes.Repeat([]byte{byte(i + 1)}, size)
+			r, err := c0.IsendNow(pml.Buffer{Bytes: msg}, 1, i, pml.Standard)
+			require.NoError(t, err)
+			if force == "" || size <= pml.ImmediateMax {
+				require.Nil(t, r, "size %d, force %q: sent with a request", size, force)
+			} else {
+				require.NotNil(t, r, "size %d, forced %q: sent without a request", size, force)
+				require.NoError(t, c0.Engine().Wait(nil, r))
+			}
+			got := make([]byte, size+1)
+			st, err := c1.Recv(pml.Buffer{Bytes: got}, 0, i)
+			require.NoError(t, err)
+			require.Equal(t, size, st.Count)
+			require.Equal(t, msg, got[:size], "size %d", size)
+		}
+	}
+}
