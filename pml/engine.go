@@ -53,21 +53,25 @@ type Config struct {
 }
 
 type peer struct {
-	world  int
-	ep     btl.Endpoint
-	caps   btl.Caps
-	lim    btl.Limits
-	immMax int              // largest standard-mode payload Select sends EagerImmediate (-1: none)
-	hs     btl.HeaderSender // ep, when it takes a header by value (nil otherwise)
-	sg     btl.SyncGetter   // ep, when its Get always finishes at once (nil otherwise)
-	failed error            // guarded by Engine.mu
+	world   int
+	ep      btl.Endpoint
+	caps    btl.Caps
+	lim     btl.Limits
+	immMax  int              // largest standard-mode payload Select sends EagerImmediate (-1: none)
+	prepMax int              // Select sends standard-mode payloads in (max(immMax, 0), prepMax] EagerPrepared
+	hs      btl.HeaderSender // ep, when it takes a header by value (nil otherwise)
+	sg      btl.SyncGetter   // ep, when its Get always finishes at once (nil otherwise)
+	failed  error            // guarded by Engine.mu
 }
 
 func newPeer(world int, ep btl.Endpoint) *peer {
 	m := ep.Module()
-	p := &peer{world: world, ep: ep, caps: m.Caps(), lim: m.Limits(), immMax: -1}
+	p := &peer{world: world, ep: ep, caps: m.Caps(), lim: m.Limits(), immMax: -1, prepMax: -1}
 	if p.caps&btl.CapSendImmediate != 0 {
 		p.immMax = min(ImmediateMax, EagerMax(p.lim))
+	}
+	if p.caps&btl.CapSendInPlace != 0 {
+		p.prepMax = EagerMax(p.lim)
 	}
 	p.hs, _ = ep.(btl.HeaderSender)
 	p.sg, _ = ep.(btl.SyncGetter)

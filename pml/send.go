@@ -101,11 +101,17 @@ func (c *Comm) sendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (r *R
 		return nil, false, err
 	}
 	e := c.e
-	proto := EagerImmediate // what Select answers here (select_test checks peer.immMax)
+	// What Select answers, without asking it for the common sizes
+	// (peer_internal_test checks peer.immMax and peer.prepMax).
+	proto := EagerImmediate
 	if e.force != ForceNone || len(b) > p.immMax {
-		proto = Select(SendInfo{Mode: mode, Size: len(b), Contiguous: true, Caps: p.caps, Limits: p.lim, LeavePinned: e.leavePinned, Force: e.force})
-		if !proto.Eager() || proto == EagerAllocated {
-			return nil, false, nil
+		if e.force == ForceNone && len(b) != 0 && len(b) <= p.prepMax {
+			proto = EagerPrepared
+		} else {
+			proto = Select(SendInfo{Mode: mode, Size: len(b), Contiguous: true, Caps: p.caps, Limits: p.lim, LeavePinned: e.leavePinned, Force: e.force})
+			if !proto.Eager() || proto == EagerAllocated {
+				return nil, false, nil
+			}
 		}
 	}
 	m := hdr.Match{Seq: uint16(c.seqs[dest].send.Add(1) - 1), Ctx: c.ctx, Src: int32(c.rank), Tag: int32(tag)}
