@@ -305,10 +305,12 @@ func (e *Engine) finishRecvLocked(r *Request) {
 	if r.id != 0 {
 		delete(e.reqs, r.id)
 	}
-	for _, reg := range r.regs {
-		reg.Release()
+	if r.regs != nil { // ranging over a nil map still starts an iterator (a call)
+		for _, reg := range r.regs {
+			reg.Release()
+		}
+		r.regs = nil
 	}
-	r.regs = nil
 	st := r.status
 	st.Count = r.stored
 	var err error
