@@ -467,7 +467,15 @@ type drained struct {
 	err    error
 }
 
-func (d drained) run() {
+// run is called after every send: an empty d (nothing was queued) costs
+// a test here, not a call with d copied.
+func (d *drained) run() {
+	if d.ok != nil || d.failed != nil {
+		d.runAll()
+	}
+}
+
+func (d *drained) runAll() {
 	for _, cb := range d.ok {
 		if cb != nil {
 			cb(nil)

@@ -531,7 +531,8 @@ func (m *Module) shutdown(state uint64) error {
 		}
 	}
 	m.pollMu.Unlock()
-	drained{failed: cbs, err: fmt.Errorf("sm: module closed: %w", btl.ErrClosed)}.run()
+	d := drained{failed: cbs, err: fmt.Errorf("sm: module closed: %w", btl.ErrClosed)}
+	d.run()
 	// Lock order everywhere: lifeMu, pollMu, a peer slot's mu, mapMu.
 	m.lifeMu.Lock() // Block calls are out
 	m.pollMu.Lock() // Progress too
