@@ -84,10 +84,14 @@ func (e *endpoint) peerGone() error {
 }
 
 func (e *endpoint) checkSize(hn int, data []byte) error {
-	if n := hn + len(data); n > e.m.cfg.maxSend || hn > math.MaxUint16 {
-		return mpierr.Errorf(mpierr.ErrArg, "sm: fragment of %d bytes (header %d) exceeds %d", n, hn, e.m.cfg.maxSend)
+	if hn+len(data) > e.m.cfg.maxSend || hn > math.MaxUint16 {
+		return e.sizeError(hn, data)
 	}
 	return nil
+}
+
+func (e *endpoint) sizeError(hn int, data []byte) error {
+	return mpierr.Errorf(mpierr.ErrArg, "sm: fragment of %d bytes (header %d) exceeds %d", hn+len(data), hn, e.m.cfg.maxSend)
 }
 
 // SendImmediate delivers hdr+data now or refuses with ErrWouldBlock: on
@@ -575,7 +579,13 @@ func isFull(err error) bool { return errors.Is(err, errBoxFull) || errors.Is(err
 // polls with another goroutine) the following fragments cost two loads,
 // not a futex wake each.
 func (p *peer) wake() {
-	if uint32(p.state.Load()) != 0 && disarm(p.seq) {
+	if uint32(p.state.Load()) != 0 {
+		p.wakeArmed()
+	}
+}
+
+func (p *peer) wakeArmed() {
+	if disarm(p.seq) {
 		sys.FutexWake(p.seq, math.MaxInt32)
 	}
 }
