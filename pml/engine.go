@@ -90,10 +90,11 @@ type Engine struct {
 	reqs     map[uint64]*Request
 	nextID   uint64
 	nextCtx  uint32
-	reserved map[uint32]struct{} // context ids being agreed on (ProposeContext)
-	toStart  []*Request          // matched rendezvous receives to start outside the lock
-	free     []*Request          // clean requests for Irecv (RecycleAll), at most freeMax
-	scratch  frag                // the fragment being matched (aliases transport memory; copied when kept)
+	reserved map[uint32]struct{}     // context ids being agreed on (ProposeContext)
+	toStart  []*Request              // matched rendezvous receives to start outside the lock
+	free     []*Request              // clean requests for Irecv (RecycleAll), at most freeMax
+	spare    atomic.Pointer[Request] // a done blocking receive's request, not yet cleaned (takeSpare)
+	scratch  frag                    // the fragment being matched (aliases transport memory; copied when kept)
 	closed   error
 	// troubled is set once closed or any peer's failed is: the send fast
 	// path reads it instead of taking the lock.
