@@ -668,9 +668,10 @@ func (e *Engine) takeSpare() *Request {
 
 // spares holds done blocking receives' requests, not yet cleaned, beyond
 // the engine's one spare. The engine's slot costs two locked instructions
-// per receive, the pool's per-processor one none but more work: 6-7 ns
-// against 14.5 for a take and a give back (a benchmark of the two on
-// this kind of machine, AMD EPYC); docs/PERFORMANCE.md, "Eighth session".
+// per receive, the pool's per-processor one none but more work: 7.0-7.3 ns
+// against 14.7-14.9 for a take and a give back on this kind of machine,
+// AMD EPYC (`go test -bench TakeGive ./bench/lockcost`); docs/PERFORMANCE.md,
+// "Eighth session".
 var spares sync.Pool
 
 // putSpare puts a finished blocking receive's request aside for a later
