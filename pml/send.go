@@ -119,8 +119,8 @@ func (c *Comm) sendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (r *R
 	// message from the user's buffer, not only those up to ImmediateMax:
 	// ob1 too tries the transport's sendi for a larger eager message once
 	// it has its request (start_copy); here the request is made only if
-	// the transport refuses (gompi-bench rate over sm, 512 B: 3.3-3.5 ->
-	// 5.1-5.6 M/s, four alternated runs; docs/PERFORMANCE.md, "Eighth
+	// the transport refuses (gompi-bench rate over sm, 512 B: 2.46-3.51 ->
+	// 4.01-5.59 M/s, four alternated runs; docs/PERFORMANCE.md, "Eighth
 	// session"). Not when a protocol is forced: then the message goes the
 	// forced way.
 	if p.hs != nil && (proto == EagerImmediate || proto == EagerPrepared && e.force == ForceNone) {
