@@ -37,3 +37,41 @@ func TestEagerSendWithoutRequest(t *testing.T) {
 		}
 	}
 }
+
+// When the fast box and the fragments are full, an offered eager send is
+// refused and goes the prepared way, queued behind the others: a stream
+// of 4 KiB sends with nobody receiving arrives complete and in order.
+func TestEagerSendRefusedKeepsOrder(t *testing.T) {
+	c0, c1 := pmlPair(t)
+	const n, size = 200, 4 << 10
+	var reqs []*pml.Request
+	for i := range n {
+		msg := bytes.Repeat([]byte{byte(i)}, size)
+		r, err := c0.IsendNow(pml.Buffer{Bytes: msg}, 1, 7, pml.Standard)
+		require.NoError(t, err)
+		if r != nil {
+			reqs = append(reqs, r)
+		}
+	}
+	require.NotEmpty(t, reqs, "every send was taken at once: the test did not fill the transport")
+	// The sender's queue moves when its side polls: waiting on its
+	// requests does (pmlPair has no background pollers).
+	sent := make(chan error, 1)
+	go func() {
+		for _, r := range reqs {
+			if err := c0.Engine().Wait(nil, r); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	got := make([]byte, size)
+	for i := range n {
+		st, err := c1.Recv(pml.Buffer{Bytes: got}, 0, 7)
+		require.NoError(t, err)
+		require.Equal(t, size, st.Count)
+		require.Equal(t, bytes.Repeat([]byte{byte(i)}, size), got, "message %d", i)
+	}
+	require.NoError(t, <-sent)
+}
