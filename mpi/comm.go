@@ -77,6 +77,31 @@ func (c *Comm) valid() error {
 	return nil
 }
 
+// fast reports whether a call with peer rank r and tag, on a []byte, needs
+// none of the checks and conversions of args: c valid, r a rank of c and
+// tag a user tag (not ProcNull nor a wildcard). It is small enough to be
+// inlined into Send, Recv, Isend and Irecv, which then make no call
+// before the PML's (the build gorun makes with gompi's profile inlined
+// the checks themselves; a plain go build did not).
+func (c *Comm) fast(r, tag int) bool {
+	return c != nil && c.pc != nil && uint(r) < uint(c.pc.Size()) && uint(tag) <= TagUB && !c.pc.Freed()
+}
+
+// args checks the arguments of a send (to dest) or a receive (from src,
+// wildcards allowed) and returns buf's memory or convertor.
+func (c *Comm) args(buf any, r, tag int, send bool) ([]byte, pml.Convertor, error) {
+	var err error
+	if send {
+		err = c.checkDest(r, tag)
+	} else {
+		err = c.checkSource(r, tag)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return bufferOf(buf, send)
+}
+
 func (c *Comm) checkDest(dest, tag int) error {
 	if err := c.valid(); err != nil {
 		return err
@@ -130,12 +155,13 @@ func (c *Comm) Bsend(buf any, dest, tag int) error {
 func (c *Comm) Rsend(buf any, dest, tag int) error { return c.send(buf, dest, tag, pml.Ready) }
 
 func (c *Comm) send(buf any, dest, tag int, mode pml.Mode) error {
-	if err := c.checkDest(dest, tag); err != nil {
-		return err
-	}
-	mem, conv, err := bufferOf(buf, true)
-	if err != nil {
-		return err
+	mem, plain := buf.([]byte)
+	var conv pml.Convertor
+	if !plain || !c.fast(dest, tag) {
+		var err error
+		if mem, conv, err = c.args(buf, dest, tag, true); err != nil {
+			return err
+		}
 	}
 	if dest == ProcNull {
 		return nil
@@ -147,12 +173,13 @@ func (c *Comm) send(buf any, dest, tag int, mode pml.Mode) error {
 // AnyTag) into buf. A message longer than buf fills buf with its prefix
 // and returns ErrTruncate; Status.Count is then the bytes stored.
 func (c *Comm) Recv(buf any, source, tag int) (Status, error) {
-	if err := c.checkSource(source, tag); err != nil {
-		return Status{}, err
-	}
-	mem, conv, err := bufferOf(buf, false)
-	if err != nil {
-		return Status{}, err
+	mem, plain := buf.([]byte)
+	var conv pml.Convertor
+	if !plain || !c.fast(source, tag) {
+		var err error
+		if mem, conv, err = c.args(buf, source, tag, false); err != nil {
+			return Status{}, err
+		}
 	}
 	if source == ProcNull {
 		return nullStatus, nil
@@ -221,12 +248,13 @@ func (c *Comm) Ibsend(buf any, dest, tag int) (*Request, error) {
 }
 
 func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
-	if err := c.checkDest(dest, tag); err != nil {
-		return nil, err
-	}
-	mem, conv, err := bufferOf(buf, true)
-	if err != nil {
-		return nil, err
+	mem, plain := buf.([]byte)
+	var conv pml.Convertor
+	if !plain || !c.fast(dest, tag) {
+		var err error
+		if mem, conv, err = c.args(buf, dest, tag, true); err != nil {
+			return nil, err
+		}
 	}
 	if dest == ProcNull {
 		return doneRequest(Status{Source: ProcNull, Tag: tag}), nil
@@ -264,12 +292,13 @@ func (c *Comm) sentRequest(dest, tag, n int) *Request {
 
 // Irecv starts a receive; buf must not be touched until the request completes.
 func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
-	if err := c.checkSource(source, tag); err != nil {
-		return nil, err
-	}
-	mem, conv, err := bufferOf(buf, false)
-	if err != nil {
-		return nil, err
+	mem, plain := buf.([]byte)
+	var conv pml.Convertor
+	if !plain || !c.fast(source, tag) {
+		var err error
+		if mem, conv, err = c.args(buf, source, tag, false); err != nil {
+			return nil, err
+		}
 	}
 	if source == ProcNull {
 		return doneRequest(nullStatus), nil

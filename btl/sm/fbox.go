@@ -195,7 +195,7 @@ func (b *txBox) putInline(tag uint8, h *header, data []byte) error {
 		copy(b.ring[cut+hn-k:], data)
 		h.put(b.ring[p:cut], 0, k)
 	} else {
-		h.put(b.ring[p:], 0, hn)
+		h.putAll(b.ring[p:])
 		copy(b.ring[p+hn:], data)
 	}
 	b.publish(phys, need, packEntry(b.seq, entryInline, tag, hn, n))

@@ -20,6 +20,17 @@ func (h *header) len() int {
 	return len(h.b)
 }
 
+// putAll writes the whole header at the start of dst: put(dst, 0, len),
+// small enough to be inlined into putInline for an entry within one line.
+func (h *header) putAll(dst []byte) {
+	if h.useWords {
+		le.PutUint64(dst, h.w0)
+		le.PutUint64(dst[8:], h.w1)
+		return
+	}
+	copy(dst, h.b)
+}
+
 // put writes header bytes [lo, hi) at the start of dst. For words, lo and
 // hi are multiples of 8 (entries and their payloads are 8-aligned).
 func (h *header) put(dst []byte, lo, hi int) {
