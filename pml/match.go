@@ -259,10 +259,17 @@ func (m *matchState) removeUnexpected(f *frag) {
 }
 
 // findUnexpected returns the earliest unexpected message matching (src, tag).
+// With nothing unexpected, the common case of a receive posted before its
+// message, it is a test inlined into the caller; the search is
+// searchUnexpected's.
 func (m *matchState) findUnexpected(src, tag int) *frag {
 	if m.uAll.head == nil {
 		return nil
 	}
+	return m.searchUnexpected(src, tag)
+}
+
+func (m *matchState) searchUnexpected(src, tag int) *frag {
 	switch {
 	case src != AnySource && tag != AnyTag:
 		if l := m.uKey[key{int32(src), int32(tag)}]; l != nil {

@@ -608,7 +608,16 @@ func (e *Engine) freeFrag(*frag) {}
 
 // ---- receives ----
 
+// The common case is a test small enough to be inlined (postRecv); the
+// errors are checkSlow's.
 func (c *Comm) check() error {
+	if !c.freed.Load() && c.e.closed == nil {
+		return nil
+	}
+	return c.checkSlow()
+}
+
+func (c *Comm) checkSlow() error {
 	if c.freed.Load() {
 		return mpierr.Errorf(mpierr.ErrComm, "communicator freed")
 	}

@@ -24,7 +24,14 @@ func (c *Comm) Isend(buf Buffer, dest, tag int, mode Mode, release func()) (*Req
 // eagerly and completes during the call.
 func (c *Comm) Send(buf Buffer, dest, tag int, mode Mode) error {
 	e := c.e
-	if done, err := c.trySendNow(buf.Bytes, buf.Conv, dest, tag, mode); done || err != nil {
+	// sendNow called here rather than through a wrapper: one call less
+	// before the transport's on a blocking send's path.
+	if r, done, err := c.sendNow(buf.Bytes, buf.Conv, dest, tag, mode); done || err != nil {
+		if r != nil { // went from the user's buffer under r
+			e.Wait(nil, r)
+			err = r.err
+			recycle(r)
+		}
 		return err
 	}
 	r := newReq(true)
@@ -57,18 +64,6 @@ func (c *Comm) target(dest int) (*peer, error) {
 		}
 	}
 	return p, nil
-}
-
-// trySendNow sends a small standard-mode message without a request when
-// the transport takes it at once. done reports whether it was sent.
-func (c *Comm) trySendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (bool, error) {
-	r, done, err := c.sendNow(b, conv, dest, tag, mode)
-	if r != nil {
-		c.e.Wait(nil, r)
-		err = r.err
-		recycle(r)
-	}
-	return done, err
 }
 
 // IsendNow is Isend (without a release) that sends a small message at once
