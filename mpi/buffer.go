@@ -71,7 +71,8 @@ func toBuffer(buf any, send bool) (pml.Buffer, error) {
 }
 
 // bufferOf is toBuffer in parts, for the calls of every message (Send,
-// Recv, Isend, Irecv): they build the pml.Buffer in the call's arguments.
+// Recv, Isend, Irecv, through Comm.args when the buffer is not a []byte):
+// they build the pml.Buffer in the call's arguments.
 // A pml.Buffer is 40 bytes, more than the compiler keeps in registers, so
 // one returned by value is copied through memory with 16-byte loads of
 // narrower stores, which stall (perf annotate of the receiving rank of

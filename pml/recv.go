@@ -608,8 +608,9 @@ func (e *Engine) freeFrag(*frag) {}
 
 // ---- receives ----
 
-// The common case is a test small enough to be inlined (postRecv); the
-// errors are checkSlow's.
+// check returns the error a call on c gets: c freed, or its engine
+// closed. The common case is a test small enough to be inlined into
+// postRecv; the errors are checkSlow's.
 func (c *Comm) check() error {
 	if !c.freed.Load() && c.e.closed == nil {
 		return nil
