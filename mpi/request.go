@@ -182,8 +182,11 @@ func (r *Request) waitAlone() (st Status, back *pml.Request, ok bool, err error)
 		if r.s.State.Load()&usersMask > 1 {
 			pr.Wake() // another goroutine may be parked on pr too
 		}
-		st, err = r.finish(pr)
-		return st, nil, true, err
+		// As finish in sink mode, but pr, when this call must give it
+		// back, goes to the caller (Waitall: in a batch to the engine's
+		// free list, which the next Irecvs take from, not the sync.Pool).
+		pst, perr := pr.Result()
+		return Status(pst), r.s.ReleaseKeep(pr), true, perr
 	}
 	if !r.s.State.CompareAndSwap(0, takenBit|1) {
 		return Status{}, nil, false, nil

@@ -106,11 +106,22 @@ func (s *Sink) gone(cancelled bool) bool {
 // atomic add of one to s.State; the last holder after completion gives r
 // back.
 func (s *Sink) Release(r *Request) {
+	if back := s.ReleaseKeep(r); back != nil {
+		recycle(back)
+	}
+}
+
+// ReleaseKeep is Release that returns r instead of giving it back when
+// this was the last hold after completion (nil otherwise), for the caller
+// to give back with others (Engine.RecycleAll: the engine's free list,
+// which its Irecvs take from, rather than the sync.Pool).
+func (s *Sink) ReleaseKeep(r *Request) *Request {
 	if v := s.State.Add(^uint32(0)); v&SinkUsers == 0 && v&SinkRecycle != 0 {
 		if s.State.And(^uint32(SinkRecycle))&SinkRecycle != 0 {
-			recycle(r)
+			return r
 		}
 	}
+	return nil
 }
 
 // IrecvSink is Irecv whose result goes into s (see Sink); s.State must
