@@ -62,17 +62,22 @@ const (
 const have = btl.CapSend | btl.CapSendImmediate | btl.CapSendInPlace | btl.CapPut | btl.CapGet
 
 // Open MPI's vader defaults with a single-copy mechanism (notes A.9),
-// except the eager limit: 8 KiB of payload plus 64 bytes of room for the
-// header (vader: 4k, header included). An 8 KiB message copied in and out
-// is faster than a rendezvous with a CMA read; a 16 KiB one is not, once
-// rendezvous requests are pooled. Four alternated rounds of gompi-bench
-// with 16448 and 4160: 8 KiB latency 2.1-2.5 against 2.7-2.8 us by RGET,
-// bw 8.7-10.1 against 8.6-8.7 GB/s; 16 KiB bibw 10.1-13.7 -> 15.6-16.9 GB/s
-// (two copies per message on each side against one), latency 3.45-3.55 ->
-// 4.0-4.1 us, vader's 4.0-4.3 (docs/PERFORMANCE.md, "Sixth session").
+// except the eager limit: 16 KiB of payload plus 64 bytes of room for the
+// header (vader: 4k, header included). Messages up to it are copied in and
+// out of shared fragments; larger ones go by rendezvous and one CMA read,
+// a system call that costs a few microseconds on this project's machines.
+// On the sixth session's Intel guest 8 KiB was the better limit (16 KiB by
+// RGET won bidirectional bandwidth there); on the AMD guest of the ninth
+// session a 16 KiB limit won every figure at 12-16 KiB and changed none at
+// 8 and 32 KiB: bench/ab.sh 6 against 8256, gated, per mode: bw 12 KiB
+// 3.7-4.3 -> 6.6-8.8 GB/s, 16 KiB 5.1-5.2 -> 7.6-8.3; bibw 12 KiB 6.7-6.8
+// -> 10.0-14.6, 16 KiB 8.3-8.5 -> 10.1-13.2; latency 12 KiB 5.2-5.7 ->
+// 2.1-2.5 us, 16 KiB 6.0-6.6 -> 2.8-3.3 (vader: 4.0 and 4.7 us). A 32 KiB
+// limit (32832) gained at 32 KiB but lost bibw at 8-16 KiB
+// (docs/PERFORMANCE.md, "Ninth session", item 5).
 var defaults = btl.Defaults{
 	Limits: btl.Limits{
-		EagerLimit:             8<<10 + 64,
+		EagerLimit:             16<<10 + 64,
 		RndvEagerLimit:         32 << 10,
 		MaxSendSize:            32 << 10,
 		RDMAPipelineFragSize:   4 << 10,

@@ -472,7 +472,7 @@ func TestParams(t *testing.T) {
 	require.NoError(t, err)
 	l, caps, excl, err := btl.Settings(set, Name, have)
 	require.NoError(t, err)
-	require.Equal(t, 8<<10+64, l.EagerLimit)
+	require.Equal(t, 16<<10+64, l.EagerLimit)
 	require.Equal(t, 32768, l.MaxSendSize)
 	require.Equal(t, btl.ExclusivityHigh-1, excl)
 	require.Equal(t, have, caps)

@@ -42,7 +42,7 @@ func TestProtocolTable(t *testing.T) {
 	require.Contains(t, self, "rdma_get")
 	// sm cannot open without a peer on the host, yet its table follows
 	// from its parameters.
-	require.Regexp(t, `(?s)  sm \(.*?eager payload <= 8240 B.*?8241 B \.\. `, out)
+	require.Regexp(t, `(?s)  sm \(.*?eager payload <= 16432 B.*?16433 B \.\. `, out)
 
 	code, out, _ = runInfo(t, "--protocols", "--param", "pml_force_protocol=send_pipeline")
 	require.Equal(t, 0, code)
