@@ -111,19 +111,24 @@ func (r *Request) result() (Status, error) {
 // finish takes the result of pr, which is done and held by the caller (a
 // use count), and gives pr back to the pool when nobody else holds it.
 func (r *Request) finish(pr *pml.Request) (Status, error) {
-	if r.s.State.Load()&sinkBit != 0 {
-		// The engine stores the result (maybe not quite yet: it marks the
-		// sink gone just after completing pr); held, pr is still ours.
-		st, err := pr.Result()
-		r.release()
-		return Status(st), err
+	st, back, err := r.finishKeep(pr)
+	if back != nil {
+		pml.Recycle(back)
 	}
-	if r.s.State.Or(takenBit)&takenBit != 0 { // another call takes it
+	return st, err
+}
+
+// finishKeep is finish that returns pr to the caller to give back (nil
+// when it is not this call's to give back), as finishTakenKeep does.
+func (r *Request) finishKeep(pr *pml.Request) (Status, *pml.Request, error) {
+	// Sink mode: the engine stores the result (maybe not quite yet: it
+	// marks the sink gone just after completing pr); held, pr is still
+	// ours. Or another call takes the result.
+	if r.s.State.Load()&sinkBit != 0 || r.s.State.Or(takenBit)&takenBit != 0 {
 		st, err := pr.Result()
-		r.release()
-		return Status(st), err
+		return Status(st), r.s.ReleaseKeep(pr), err
 	}
-	return r.finishTaken(pr)
+	return r.finishTakenKeep(pr)
 }
 
 // finishTaken stores the result of pr, which is done, taken by this call
@@ -182,11 +187,11 @@ func (r *Request) waitAlone() (st Status, back *pml.Request, ok bool, err error)
 		if r.s.State.Load()&usersMask > 1 {
 			pr.Wake() // another goroutine may be parked on pr too
 		}
-		// As finish in sink mode, but pr, when this call must give it
-		// back, goes to the caller (Waitall: in a batch to the engine's
-		// free list, which the next Irecvs take from, not the sync.Pool).
-		pst, perr := pr.Result()
-		return Status(pst), r.s.ReleaseKeep(pr), true, perr
+		// pr, when this call must give it back, goes to the caller
+		// (Waitall: in a batch to the engine's free list, which the next
+		// Irecvs take from, not the sync.Pool).
+		st, back, err = r.finishKeep(pr)
+		return st, back, true, err
 	}
 	if !r.s.State.CompareAndSwap(0, takenBit|1) {
 		return Status{}, nil, false, nil

@@ -148,7 +148,9 @@ func (b *txBox) reserve(need uint64) (int, error) {
 
 // fits returns the ring offset of an entry of need bytes when it fits
 // before the ring's end in room known to be consumed: reserve's common
-// case, tested inline by the callers (reserve is a call).
+// case, tested inline by the callers (reserve is a call; with fits at its
+// top and the rest in a second function it still costs 118 against the
+// inliner's budget of 80).
 func (b *txBox) fits(need uint64) (int, bool) {
 	phys := b.pos & (b.size - 1)
 	return int(phys), phys+need <= b.size && b.pos+need+entryHdr-b.consumed <= b.size
