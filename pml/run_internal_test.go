@@ -200,3 +200,58 @@ func TestSinkCompletion(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Status{Source: 0, Tag: 6, Count: 8}, st)
 }
+
+// Requests back in the free list are clean, whatever they carried: eager,
+// rendezvous (RDMA get over self), truncated and cancelled receives,
+// reused window after window, every byte checked.
+func TestFreeListRequestsClean(t *testing.T) {
+	cs := selfComms(t, 2)
+	c0, c1 := cs[0], cs[1]
+	sizes := []int{0, 8, 900, 4096, 70000}
+	for round := range 4 {
+		var reqs []*Request
+		var bufs [][]byte
+		for i, n := range sizes {
+			b := make([]byte, n)
+			r, err := c0.Irecv(Buffer{Bytes: b}, 1, i)
+			require.NoError(t, err)
+			reqs, bufs = append(reqs, r), append(bufs, b)
+		}
+		short := make([]byte, 4) // truncated: 4 of 900 bytes stored
+		rs, err := c0.Irecv(Buffer{Bytes: short}, 1, 100)
+		require.NoError(t, err)
+		rc, err := c0.Irecv(Buffer{Bytes: make([]byte, 8)}, 1, 101) // cancelled
+		require.NoError(t, err)
+		require.True(t, c0.Cancel(rc))
+		for i, n := range sizes {
+			require.NoError(t, c1.Send(Buffer{Bytes: pattern(n, byte(round+i))}, 0, i, Standard))
+		}
+		require.NoError(t, c1.Send(Buffer{Bytes: pattern(900, 7)}, 0, 100, Standard))
+		for i, r := range reqs {
+			require.NoError(t, c0.e.Wait(nil, r))
+			st, err := r.Result()
+			require.NoError(t, err)
+			require.Equal(t, sizes[i], st.Count)
+			require.Equal(t, pattern(sizes[i], byte(round+i)), bufs[i], "size %d, round %d", sizes[i], round)
+		}
+		require.NoError(t, c0.e.Wait(nil, rs))
+		_, err = rs.Result()
+		require.Error(t, err)
+		require.Equal(t, pattern(900, 7)[:4], short)
+		require.True(t, rc.Done())
+		c0.e.RecycleAll(append(reqs, rs, rc))
+		require.NotEmpty(t, c0.e.free)
+		for _, r := range c0.e.free {
+			require.Empty(t, r.ranges)
+			require.Equal(t, reqState{ranges: r.ranges}, r.reqState, "round %d", round)
+		}
+	}
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+	return b
+}
