@@ -171,8 +171,9 @@ func (r *Request) finishTakenKeep(pr *pml.Request) (Status, *pml.Request, error)
 // give back; ok false: not the common case, nothing done.
 func (r *Request) waitAlone() (st Status, back *pml.Request, ok bool, err error) {
 	pr := r.p
-	if pr == nil {
-		return Status{}, nil, false, nil
+	if pr == nil { // done at once (an eager send, say): the result is here
+		st, err = r.stored()
+		return st, nil, true, err
 	}
 	if s := r.s.State.Load(); s&sinkBit != 0 {
 		if s&goneBit != 0 {

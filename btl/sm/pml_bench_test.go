@@ -3,6 +3,7 @@ package sm
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -146,6 +147,73 @@ func BenchmarkPMLRecvWindow(b *testing.B) {
 		}
 	}
 	rounds(b, 100, round, window, "ns/msg")
+}
+
+// BenchmarkPMLRecvSinkWindow splits the processor work of gompi-bench rate
+// 8 B on one goroutine into the sender's and the receiver's: 64 eager
+// IsendNow into the fast box (send-ns/msg), then what mpi.Irecv and
+// mpi.WaitallInto do on the receiving rank (recv-ns/msg): IrecvSink with
+// a sink per request, the first request held and waited on (which polls
+// all 64 in), the others read from their sinks, the held one given back
+// with RecycleAll.
+func BenchmarkPMLRecvSinkWindow(b *testing.B) {
+	c0, c1 := pmlPair(b, [2]string{"pml_wait_spin", "1s"})
+	sb, rb := pml.Buffer{Bytes: make([]byte, 8)}, pml.Buffer{Bytes: make([]byte, 8)}
+	const window = 64
+	reqs := make([]*pml.Request, window)
+	sinks := make([]pml.Sink, window)
+	var back []*pml.Request
+	var sendT, recvT time.Duration
+	round := func() {
+		t0 := time.Now()
+		for range window {
+			r, err := c0.IsendNow(sb, 1, 1, pml.Standard)
+			must(b, err)
+			if r != nil {
+				b.Fatal("the send did not go at once")
+			}
+		}
+		t1 := time.Now()
+		var err error
+		for i := range reqs {
+			s := &sinks[i]
+			*s = pml.Sink{}
+			s.State.Init(pml.SinkMode)
+			reqs[i], err = c1.IrecvSink(rb, 0, 1, s)
+			must(b, err)
+		}
+		back = back[:0]
+		for i, r := range reqs {
+			s := &sinks[i]
+			if s.State.Load()&pml.SinkGone == 0 {
+				s.State.Add(1)
+				if s.State.Load()&pml.SinkGone == 0 {
+					must(b, c1.Engine().Wait(nil, r))
+				}
+				if x := s.ReleaseKeep(r); x != nil {
+					back = append(back, x)
+				}
+			}
+			if _, err := s.Result(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		c1.Engine().RecycleAll(back)
+		sendT += t1.Sub(t0)
+		recvT += time.Since(t1)
+	}
+	for range 100 {
+		round()
+	}
+	sendT, recvT = 0, 0
+	n := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		round()
+		n++
+	}
+	b.ReportMetric(float64(sendT.Nanoseconds())/float64(n*window), "send-ns/msg")
+	b.ReportMetric(float64(recvT.Nanoseconds())/float64(n*window), "recv-ns/msg")
 }
 
 // rounds runs round warm times, then as the benchmark's loop, and reports
