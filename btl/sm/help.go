@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/gompi-org/gompi/internal/sys"
 )
@@ -54,11 +55,12 @@ const (
 
 	helpClosed = 0xFFFFFFFF
 
-	// minSplit is the smallest Get the parameter may ask to share: larger
-	// than any Go stack variable (128 KiB), so that the reader's buffer,
-	// which the helper writes by address, cannot move.
-	minSplit  = 256 << 10
-	minChunk  = 64 << 10
+	// minSplit is the smallest Get the parameter may ask to share, cut in
+	// halves of at least minChunk. Below it the hand-off costs more than
+	// the half copy saves. (The reader's buffer, which the helper writes
+	// by address, is pinned for the call: see sharedGet.)
+	minSplit  = 32 << 10
+	minChunk  = 16 << 10
 	helpSpins = 64 // reader's polls of done between yields
 	idlePolls = 16 // Progress calls in a row that found nothing before the rate of calls is measured (idle)
 )
@@ -109,6 +111,13 @@ func (e *endpoint) sharedGet(local []byte, addr uintptr) error {
 		return sys.CMARead(p.pid, local, addr)
 	}
 	defer e.helpMu.Unlock()
+	// The helper writes into local by address while this call runs: pin
+	// it, so that it is in the heap (Pin's argument escapes, so no caller
+	// can pass a goroutine's stack, which moves when it grows or shrinks)
+	// and stays where it is until the helper is done.
+	var pin runtime.Pinner
+	pin.Pin(unsafe.SliceData(local))
+	defer pin.Unpin()
 	s := slotOf(p.seg, e.m.local)
 	n := uint64(len(local))
 	chunk := chunkFor(n, uint64(e.m.cfg.getChunk))

@@ -13,10 +13,11 @@ import (
 )
 
 // sharedGetJob opens two ranks that share Gets of 256 KiB and more in 64
-// KiB chunks; rank 1 registers size bytes of a pattern.
-func sharedGetJob(t *testing.T, size int) ([]*testRank, btl.Endpoint, btl.Registration, []byte) {
+// KiB chunks (or as overrides say); rank 1 registers size bytes of a
+// pattern.
+func sharedGetJob(t *testing.T, size int, overrides ...[2]string) ([]*testRank, btl.Endpoint, btl.Registration, []byte) {
 	t.Helper()
-	ranks := openJob(t, btltest.NewStore(), 2, [2]string{paramGetSplit, "256k"}, [2]string{paramGetChunk, "64k"})
+	ranks := openJob(t, btltest.NewStore(), 2, append([][2]string{{paramGetSplit, "256k"}, {paramGetChunk, "64k"}}, overrides...)...)
 	if ranks[0].m.Caps()&btl.CapRDMA == 0 {
 		t.Skipf("cross-memory attach not permitted here: %s", Status())
 	}
@@ -45,6 +46,31 @@ func TestSharedGetHelped(t *testing.T) {
 		require.Equal(t, src[off:], dst)
 	}
 	require.NotZero(t, ranks[1].m.helpBytes.Load(), "the idle owner never helped in 200 Gets")
+}
+
+// The smallest shared Gets (the default split, 32 KiB, in halves of 16
+// KiB and up) are helped too, and land whole: sizes around the split and
+// the chunk, at an offset, Get after Get until the idle owner took a chunk
+// (a Get of 32 KiB lasts a few microseconds: under a loaded machine's
+// scheduling the owner may miss many).
+func TestSharedGetSmallHelped(t *testing.T) {
+	ranks, ep, reg, src := sharedGetJob(t, 100<<10, [2]string{paramGetSplit, "32k"}, [2]string{paramGetChunk, "16k"})
+	ranks[1].startPoller()
+	const off = 777
+	get := func(n int) {
+		dst := make([]byte, n)
+		done, err := ep.Get(dst, reg.Handle(), off, nil)
+		require.NoError(t, err)
+		require.True(t, done)
+		require.Equal(t, src[off:off+n], dst, "%d bytes", n)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ranks[1].m.helpBytes.Load() == 0 && time.Now().Before(deadline); {
+		get(32 << 10)
+	}
+	require.NotZero(t, ranks[1].m.helpBytes.Load(), "the idle owner never helped in 20 s of 32 KiB Gets")
+	for _, n := range []int{32<<10 + 1, 40000, 64<<10 - 1, 96 << 10} {
+		get(n)
+	}
 }
 
 // An owner that never polls leaves every chunk to the reader, which does

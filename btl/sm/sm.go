@@ -115,10 +115,10 @@ func init() {
 		Help: "single-copy Put/Get: auto (cross-memory attach if permitted), cma (required), none"})
 	params.Register(params.Def{Name: paramSpin, Kind: params.Duration, Default: "500us",
 		Help: "how long Block polls shared memory before it sleeps on a futex (0 when oversubscribed unless set)"})
-	params.Register(params.Def{Name: paramGetSplit, Kind: params.Size, Default: "256k",
-		Help: "Gets of at least this many bytes are shared with the owner of the memory, which copies chunks too while it waits with nothing to do (0 disables; at least 256k; 0 when oversubscribed unless set)"})
+	params.Register(params.Def{Name: paramGetSplit, Kind: params.Size, Default: "32k",
+		Help: "Gets of at least this many bytes are shared with the owner of the memory, which copies chunks too while it waits with nothing to do (0 disables; at least 32k; 0 when oversubscribed unless set)"})
 	params.Register(params.Def{Name: paramGetChunk, Kind: params.Size, Default: "512k",
-		Help: "largest chunk of a shared Get (at least 64k); a Get is cut into halves of at most this"})
+		Help: "largest chunk of a shared Get (at least 16k); a Get is cut into halves of at most this"})
 	params.Register(params.Def{Name: paramWireTimeout, Kind: params.Duration, Default: "30s",
 		Help: "time allowed for the other ranks on this host to publish their segments"})
 	btl.RegisterComponent(component{})
@@ -178,9 +178,9 @@ func readConfig(env *btl.Env) (config, error) {
 	case c.segmentSize < 1<<20 || c.segmentSize > maxSegment || c.segmentSize%4096 != 0:
 		return argErr("%s=%d: want a multiple of 4k from 1m to 2g", paramSegmentSize, c.segmentSize)
 	case c.getSplit != 0 && (c.getSplit < minSplit || c.getSplit > 1<<40):
-		return argErr("%s=%d: want 0 or 256k..1t", paramGetSplit, c.getSplit)
+		return argErr("%s=%d: want 0 or 32k..1t", paramGetSplit, c.getSplit)
 	case c.getChunk < minChunk || c.getChunk > 1<<30:
-		return argErr("%s=%d: want 64k..1g", paramGetChunk, c.getChunk)
+		return argErr("%s=%d: want 16k..1g", paramGetChunk, c.getChunk)
 	case c.wireTimeout <= 0:
 		return argErr("%s=%v: want a positive duration", paramWireTimeout, c.wireTimeout)
 	}

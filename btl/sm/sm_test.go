@@ -462,7 +462,7 @@ func TestOpenWithoutStore(t *testing.T) {
 }
 
 func TestParams(t *testing.T) {
-	for _, o := range [][2]string{{paramFboxSize, "1000"}, {paramSingleCopy, "xpmem"}, {paramSegmentSize, "4k"}, {paramFboxMax, "-1"}} {
+	for _, o := range [][2]string{{paramFboxSize, "1000"}, {paramSingleCopy, "xpmem"}, {paramSegmentSize, "4k"}, {paramFboxMax, "-1"}, {paramGetSplit, "16k"}, {paramGetChunk, "8k"}} {
 		set, err := params.NewSet([][2]string{o})
 		require.NoError(t, err)
 		_, err = component{}.Open(&btl.Env{LocalSize: 2, Params: set, Store: btltest.NewStore(), Dispatch: &btl.Dispatcher{}, Logf: func(string, ...any) {}})
@@ -480,6 +480,10 @@ func TestParams(t *testing.T) {
 	cfg, err := readConfig(env)
 	require.NoError(t, err)
 	require.Zero(t, cfg.spin, "spin when oversubscribed")
+	require.Zero(t, cfg.getSplit, "shared Gets when oversubscribed")
+	cfg, err = readConfig(&btl.Env{Params: set})
+	require.NoError(t, err)
+	require.Equal(t, 32<<10, cfg.getSplit)
 }
 
 // Ranks not on this host are unreachable; a rank's own number too.
