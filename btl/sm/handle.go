@@ -105,6 +105,7 @@ func (m *Module) Register(mem []byte, _ btl.Access) (btl.Registration, error) {
 	m.nregs.Store(int64(len(m.regs)))
 	m.regMu.Unlock()
 	handle{pid: m.pid, rank: m.rank, addr: uint64(sys.Addr(mem)), n: uint64(len(mem))}.encodeInto(&r.h)
+	m.hugeNote(mem)
 	return r, nil
 }
 

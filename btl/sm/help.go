@@ -118,6 +118,9 @@ func (e *endpoint) sharedGet(local []byte, addr uintptr) error {
 	var pin runtime.Pinner
 	pin.Pin(unsafe.SliceData(local))
 	defer pin.Unpin()
+	// The helper's process_vm_writev pins local's pages: huge pages help
+	// there as in a send buffer (huge.go).
+	e.m.hugeNote(local)
 	s := slotOf(p.seg, e.m.local)
 	n := uint64(len(local))
 	chunk := chunkFor(n, uint64(e.m.cfg.getChunk))

@@ -81,6 +81,14 @@ type Module struct {
 	mapMu  sync.Mutex     // held while connect maps a segment and while Close unmaps
 	bg     sync.WaitGroup // watcher and wake-helper goroutines
 
+	// huge pages for registered memory (huge.go), guarded by hugeMu
+	hugeMu      sync.Mutex
+	hugeSeen    map[uintptr]int // registrations per 2 MiB region
+	hugeOff     bool            // too many refusals: stop asking
+	hugeClosed  bool            // Close waits for the collapsing goroutines: start no more
+	hugeFails   int             // refusals in a row
+	hugeRegions int64           // regions collapsed
+
 	regMu sync.Mutex
 	regs  map[*registration]struct{} // guarded by regMu: live registrations
 	nregs atomic.Int64               // len(regs)
@@ -542,7 +550,10 @@ func (m *Module) shutdown(state uint64) error {
 			p.watch.Close()
 		}
 	}
-	m.bg.Wait() // watchers and wake helpers are out
+	m.hugeMu.Lock()
+	m.hugeClosed = true
+	m.hugeMu.Unlock()
+	m.bg.Wait() // watchers, wake helpers and huge-page collapses are out
 	m.release()
 	m.mapMu.Unlock()
 	m.pollMu.Unlock()

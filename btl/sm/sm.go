@@ -55,6 +55,7 @@ const (
 	paramWireTimeout   = "btl_sm_wireup_timeout"
 	paramGetSplit      = "btl_sm_get_split"
 	paramGetChunk      = "btl_sm_get_chunk"
+	paramHugeAfter     = "btl_sm_huge_after"
 )
 
 // have is everything the transport implements; put and get are dropped at
@@ -119,6 +120,8 @@ func init() {
 		Help: "Gets of at least this many bytes are shared with the owner of the memory, which copies chunks too while it waits with nothing to do (0 disables; at least 32k; 0 when oversubscribed unless set)"})
 	params.Register(params.Def{Name: paramGetChunk, Kind: params.Size, Default: "512k",
 		Help: "largest chunk of a shared Get (at least 16k); a Get is cut into halves of at most this"})
+	params.Register(params.Def{Name: paramHugeAfter, Kind: params.Int, Default: "4",
+		Help: "registrations of a 2 MiB-aligned region of memory (a large send buffer) after which sm asks the kernel to back it with a huge page, in the background: cross-memory copies from it then pin one page instead of 512 (0 disables)"})
 	params.Register(params.Def{Name: paramWireTimeout, Kind: params.Duration, Default: "30s",
 		Help: "time allowed for the other ranks on this host to publish their segments"})
 	btl.RegisterComponent(component{})
@@ -143,6 +146,7 @@ type config struct {
 	wireTimeout   time.Duration
 	getSplit      int
 	getChunk      int
+	hugeAfter     int
 }
 
 func readConfig(env *btl.Env) (config, error) {
@@ -162,6 +166,7 @@ func readConfig(env *btl.Env) (config, error) {
 		wireTimeout:   p.Duration(paramWireTimeout),
 		getSplit:      p.Int(paramGetSplit),
 		getChunk:      p.Int(paramGetChunk),
+		hugeAfter:     p.Int(paramHugeAfter),
 	}
 	argErr := func(f string, a ...any) (config, error) { return c, mpierr.Errorf(mpierr.ErrArg, f, a...) }
 	switch {
@@ -179,6 +184,8 @@ func readConfig(env *btl.Env) (config, error) {
 		return argErr("%s=%d: want a multiple of 4k from 1m to 2g", paramSegmentSize, c.segmentSize)
 	case c.getSplit != 0 && (c.getSplit < minSplit || c.getSplit > 1<<40):
 		return argErr("%s=%d: want 0 or 32k..1t", paramGetSplit, c.getSplit)
+	case c.hugeAfter < 0:
+		return argErr("%s=%d: want 0 (never) or more", paramHugeAfter, c.hugeAfter)
 	case c.getChunk < minChunk || c.getChunk > 1<<30:
 		return argErr("%s=%d: want 16k..1g", paramGetChunk, c.getChunk)
 	case c.wireTimeout <= 0:

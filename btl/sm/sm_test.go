@@ -462,7 +462,7 @@ func TestOpenWithoutStore(t *testing.T) {
 }
 
 func TestParams(t *testing.T) {
-	for _, o := range [][2]string{{paramFboxSize, "1000"}, {paramSingleCopy, "xpmem"}, {paramSegmentSize, "4k"}, {paramFboxMax, "-1"}, {paramGetSplit, "16k"}, {paramGetChunk, "8k"}} {
+	for _, o := range [][2]string{{paramFboxSize, "1000"}, {paramSingleCopy, "xpmem"}, {paramSegmentSize, "4k"}, {paramFboxMax, "-1"}, {paramGetSplit, "16k"}, {paramGetChunk, "8k"}, {paramHugeAfter, "-1"}} {
 		set, err := params.NewSet([][2]string{o})
 		require.NoError(t, err)
 		_, err = component{}.Open(&btl.Env{LocalSize: 2, Params: set, Store: btltest.NewStore(), Dispatch: &btl.Dispatcher{}, Logf: func(string, ...any) {}})

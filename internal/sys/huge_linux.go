@@ -1,0 +1,43 @@
+package sys
+
+import (
+	"golang.org/x/sys/unix"
+)
+
+// HugePage is the size of a transparent huge page on the platforms gompi
+// runs on (x86-64, arm64 with 4 KiB pages).
+const HugePage = 2 << 20
+
+// HugeRegions appends to dst the addresses of the HugePage-aligned regions
+// that b covers at least half of, and returns it.
+func HugeRegions(dst []uintptr, b []byte) []uintptr {
+	if len(b) < HugePage/2 {
+		return dst
+	}
+	base := Addr(b)
+	end := base + uintptr(len(b))
+	for r := base &^ (HugePage - 1); r < end; r += HugePage {
+		if min(end, r+HugePage)-max(base, r) >= HugePage/2 {
+			dst = append(dst, r)
+		}
+	}
+	return dst
+}
+
+// Collapse asks the kernel to back the HugePage-aligned region at addr of
+// this process's anonymous memory with a transparent huge page (madvise
+// MADV_COLLAPSE, Linux 6.1 and later). The contents stay as they are
+// (pages not populated yet read zero, as before, but take memory now);
+// other threads may use the memory meanwhile. It takes the time of
+// allocating a huge page and copying the region (about a millisecond on
+// this project's machine, longer when memory must be compacted). EINVAL:
+// not possible here (an older kernel, huge pages disabled, the region not
+// in one anonymous mapping or marked MADV_NOHUGEPAGE); EAGAIN, ENOMEM: not
+// now. The address is passed as a number: the region may extend beyond
+// the Go object it was found from.
+func Collapse(addr uintptr) error {
+	if _, _, e := unix.Syscall(unix.SYS_MADVISE, addr, HugePage, unix.MADV_COLLAPSE); e != 0 {
+		return e
+	}
+	return nil
+}
