@@ -17,22 +17,34 @@ import (
 // docs/PERFORMANCE.md, "Tenth session"). A Go heap, like a C one, gets
 // huge pages only when asked (the kernel's default "madvise" mode).
 //
-// So sm counts the registrations of each 2 MiB-aligned region lying wholly
-// inside registered memory (the send buffers that readers copy from), and
-// when a region's count reaches btl_sm_huge_after it asks the kernel to
-// back that region with a huge page (sys.Collapse, madvise MADV_COLLAPSE),
-// from a goroutine of its own: a collapse costs about a millisecond per
-// region (allocating the page, copying 2 MiB), which a buffer copied a few
-// times would not earn back, and which must not hold up the send. Each
-// region is asked for once; a refusal (an older kernel, huge pages off,
-// pages not populated) is not retried, and after hugeGiveUp refusals in a
-// row the module stops asking. Only the pages' backing changes, never
-// their contents.
+// So sm counts the registrations of each 2 MiB-aligned region that
+// registered memory of at least hugeMinBuf bytes overlaps (the send
+// buffers that readers copy from, and a shared Get's destination, which
+// the helper writes into), and when a region's count reaches
+// btl_sm_huge_after it asks the kernel to back that region with a huge
+// page (sys.Collapse, madvise MADV_COLLAPSE) from a goroutine of its own:
+// a collapse costs about a millisecond per region (allocating the page,
+// copying 2 MiB), which a buffer copied a few times would not earn back,
+// and which must not hold up the send. The region is asked for again every
+// hugeRecheck registrations after that: its huge page is split when the
+// runtime gives back free memory around the buffer, and a collapse of a
+// region still huge costs some microseconds. A region whose pages stay
+// pinned by a peer's copies (EAGAIN) is counted afresh; after hugeGiveUp
+// refusals in a row (an older kernel, huge pages off, pages not populated)
+// the module stops asking. Only the pages' backing changes, never their
+// contents; but the part of a region outside the buffer that the process
+// had not touched becomes resident, so the regions a buffer covers less
+// than half of (small buffers, the ends of large ones) are collapsed for at
+// most hugeSmallMax regions per module (128 MiB).
 
 // hugeSeenMax bounds the regions counted (8 GiB of memory); past it the
 // counts start again.
 const (
+	hugeMinBuf    = 16 << 10
+	hugeSmallMax  = 64
 	hugeSeenMax   = 4096
+	hugeCharged   = 1 << 30 // in hugeSeen: counted against hugeSmallMax already
+	hugeRecheck   = 256
 	hugeGiveUp    = 8
 	hugeRetries   = 100
 	hugeRetryWait = 100 * time.Microsecond
@@ -42,7 +54,7 @@ const (
 // whose count reached the threshold.
 func (m *Module) hugeNote(mem []byte) {
 	after := m.cfg.hugeAfter
-	if after <= 0 || len(mem) < sys.HugePage/2 {
+	if after <= 0 || len(mem) < hugeMinBuf {
 		return
 	}
 	var buf [8]uintptr
@@ -57,9 +69,29 @@ func (m *Module) hugeNote(mem []byte) {
 		m.hugeSeen = make(map[uintptr]int)
 	}
 	for _, a := range regions {
-		n := m.hugeSeen[a] + 1
-		m.hugeSeen[a] = n
-		if n == after {
+		v := m.hugeSeen[a]
+		n, charged := v&^hugeCharged+1, v&hugeCharged != 0
+		// Asked for at the after-th registration, and again every
+		// hugeRecheck: the huge page is split again when the runtime
+		// gives back free memory of the region's other objects (a
+		// collapse of a region still huge costs some microseconds).
+		ask := n == after || n > after && (n-after)%hugeRecheck == 0
+		if ask && !charged && sys.HugeCover(a, mem) < sys.HugePage/2 {
+			if m.hugeSmall >= hugeSmallMax {
+				continue
+			}
+			m.hugeSmall++
+			charged = true
+		}
+		if n >= hugeCharged {
+			n = after // the count wraps: keep asking every hugeRecheck
+		}
+		v = n
+		if charged {
+			v |= hugeCharged
+		}
+		m.hugeSeen[a] = v
+		if ask {
 			todo = append(todo, a)
 		}
 	}
@@ -101,8 +133,8 @@ func (m *Module) collapse(todo []uintptr) {
 				m.hugeOff = true
 			}
 		default: // busy all along, or no huge page free now: count again
-			if m.hugeSeen[a] >= m.cfg.hugeAfter {
-				m.hugeSeen[a] = 0
+			if v := m.hugeSeen[a]; v&^hugeCharged >= m.cfg.hugeAfter {
+				m.hugeSeen[a] = v & hugeCharged // charged to the budget once
 			}
 		}
 		m.hugeMu.Unlock()

@@ -93,7 +93,8 @@ func TestHugeAfterOff(t *testing.T) {
 	require.Empty(t, m.hugeSeen)
 }
 
-// HugeRegions: the aligned regions a buffer covers at least half of.
+// HugeRegions: the aligned regions a buffer overlaps; HugeCover: how much
+// of one it covers.
 func TestHugeRegions(t *testing.T) {
 	const h = sys.HugePage
 	buf := make([]byte, 5*h)
@@ -103,14 +104,57 @@ func TestHugeRegions(t *testing.T) {
 	for _, c := range []struct {
 		lo, n int
 		want  []uintptr
+		cover []int
 	}{
-		{off, h, []uintptr{first}},
-		{off, h/2 - 1, nil},
-		{off + h/2, h, []uintptr{first, first + h}}, // half of each: both
-		{off + h/2 + 1, h, []uintptr{first + h}},    // less than half of the first
-		{off + 100, 2*h + 200, []uintptr{first, first + h}},
+		{off, h, []uintptr{first}, []int{h}},
+		{off + 10, 100, []uintptr{first}, []int{100}},
+		{off + h/2, h, []uintptr{first, first + h}, []int{h / 2, h / 2}},
+		{off + h - 1, 2, []uintptr{first, first + h}, []int{1, 1}},
+		{off + 100, 2*h + 200, []uintptr{first, first + h, first + 2*h}, []int{h - 100, h, 300}},
+		{off, 0, nil, nil},
 	} {
-		got := sys.HugeRegions(nil, buf[c.lo:c.lo+c.n])
+		b := buf[c.lo : c.lo+c.n]
+		got := sys.HugeRegions(nil, b)
 		require.Equal(t, c.want, got, "[%d,+%d)", c.lo-off, c.n)
+		for i, r := range got {
+			require.Equal(t, c.cover[i], sys.HugeCover(r, b), "[%d,+%d) region %d", c.lo-off, c.n, i)
+		}
 	}
+}
+
+// Regions that registered memory covers less than half of are collapsed
+// at most hugeSmallMax times per module; regions covered more are not
+// limited. (Counting only: no collapse is started.)
+func TestHugeSmallBudget(t *testing.T) {
+	ranks := openJob(t, btltest.NewStore(), 2, [2]string{paramHugeAfter, "1"})
+	m := ranks[0].m
+	m.hugeMu.Lock()
+	m.hugeClosed = true // start no goroutine: the counting is under test
+	m.hugeMu.Unlock()
+	const h = sys.HugePage
+	big := make([]byte, (hugeSmallMax+11)*h) // never touched: no memory used
+	base := sys.Addr(big)
+	first := int(((base + h - 1) &^ (h - 1)) - base)
+	region := func(i int) uintptr { return base + uintptr(first+i*h) }
+	for i := range hugeSmallMax + 10 {
+		m.hugeNote(big[first+i*h : first+i*h+hugeMinBuf])
+	}
+	m.hugeMu.Lock()
+	require.Equal(t, hugeSmallMax, m.hugeSmall)
+	require.Equal(t, 1|hugeCharged, m.hugeSeen[region(0)])
+	require.Zero(t, m.hugeSeen[region(hugeSmallMax)], "a small buffer past the budget was counted")
+	m.hugeMu.Unlock()
+	m.hugeNote(big[first+hugeSmallMax*h : first+(hugeSmallMax+1)*h]) // covered wholly
+	m.hugeMu.Lock()
+	defer m.hugeMu.Unlock()
+	require.Equal(t, 1, m.hugeSeen[region(hugeSmallMax)])
+	require.Equal(t, hugeSmallMax, m.hugeSmall)
+	// A region whose collapse stayed busy is counted again (collapse
+	// resets its count) without being charged to the budget again.
+	m.hugeSeen[region(0)] &= hugeCharged
+	m.hugeMu.Unlock()
+	m.hugeNote(big[first : first+hugeMinBuf])
+	m.hugeMu.Lock()
+	require.Equal(t, 1|hugeCharged, m.hugeSeen[region(0)])
+	require.Equal(t, hugeSmallMax, m.hugeSmall)
 }

@@ -88,6 +88,7 @@ type Module struct {
 	hugeClosed  bool            // Close waits for the collapsing goroutines: start no more
 	hugeFails   int             // refusals in a row
 	hugeRegions int64           // regions collapsed
+	hugeSmall   int             // collapses started of regions covered less than half
 
 	regMu sync.Mutex
 	regs  map[*registration]struct{} // guarded by regMu: live registrations

@@ -121,7 +121,7 @@ func init() {
 	params.Register(params.Def{Name: paramGetChunk, Kind: params.Size, Default: "512k",
 		Help: "largest chunk of a shared Get (at least 16k); a Get is cut into halves of at most this"})
 	params.Register(params.Def{Name: paramHugeAfter, Kind: params.Int, Default: "4",
-		Help: "registrations of a 2 MiB-aligned region of memory (a large send buffer) after which sm asks the kernel to back it with a huge page, in the background: cross-memory copies from it then pin one page instead of 512 (0 disables)"})
+		Help: "registrations of a 2 MiB-aligned region of memory (under a send buffer of 16k or more) after which sm asks the kernel to back it with a huge page, in the background: cross-memory copies from it then pin one page instead of 512 (0 disables)"})
 	params.Register(params.Def{Name: paramWireTimeout, Kind: params.Duration, Default: "30s",
 		Help: "time allowed for the other ranks on this host to publish their segments"})
 	btl.RegisterComponent(component{})

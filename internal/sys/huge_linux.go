@@ -9,19 +9,29 @@ import (
 const HugePage = 2 << 20
 
 // HugeRegions appends to dst the addresses of the HugePage-aligned regions
-// that b covers at least half of, and returns it.
+// that b overlaps, and returns it.
 func HugeRegions(dst []uintptr, b []byte) []uintptr {
-	if len(b) < HugePage/2 {
+	if len(b) == 0 {
 		return dst
 	}
 	base := Addr(b)
 	end := base + uintptr(len(b))
 	for r := base &^ (HugePage - 1); r < end; r += HugePage {
-		if min(end, r+HugePage)-max(base, r) >= HugePage/2 {
-			dst = append(dst, r)
-		}
+		dst = append(dst, r)
 	}
 	return dst
+}
+
+// HugeCover returns how many bytes of the HugePage-aligned region at r
+// lie inside b.
+func HugeCover(r uintptr, b []byte) int {
+	base := Addr(b)
+	end := base + uintptr(len(b))
+	lo, hi := max(base, r), min(end, r+HugePage)
+	if hi <= lo {
+		return 0
+	}
+	return int(hi - lo)
 }
 
 // Collapse asks the kernel to back the HugePage-aligned region at addr of
