@@ -70,7 +70,7 @@ func (m *Module) hugeNote(mem []byte) {
 	}
 	for _, a := range regions {
 		v := m.hugeSeen[a]
-		n, charged := v&^hugeCharged+1, v&hugeCharged != 0
+		n, charged := (v&^hugeCharged)+1, v&hugeCharged != 0
 		// Asked for at the after-th registration, and again every
 		// hugeRecheck: the huge page is split again when the runtime
 		// gives back free memory of the region's other objects (a
@@ -84,7 +84,7 @@ func (m *Module) hugeNote(mem []byte) {
 			charged = true
 		}
 		if n >= hugeCharged {
-			n = after // the count wraps: keep asking every hugeRecheck
+			n = after // keep the count below the flag bit
 		}
 		v = n
 		if charged {
