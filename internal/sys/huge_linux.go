@@ -39,8 +39,9 @@ func HugeCover(r uintptr, b []byte) int {
 // MADV_COLLAPSE, Linux 6.1 and later). The contents stay as they are
 // (pages not populated yet read zero, as before, but take memory now);
 // other threads may use the memory meanwhile. It takes the time of
-// allocating a huge page and copying the region (about a millisecond on
-// this project's machine, longer when memory must be compacted). EINVAL:
+// allocating a huge page and copying the region (4.6-6.3 ms on this
+// project's machine, more when memory must be compacted; 1-95 µs for a
+// region that is huge already). EINVAL:
 // not possible here (an older kernel, huge pages disabled, the region not
 // in one anonymous mapping or marked MADV_NOHUGEPAGE); EAGAIN, ENOMEM: not
 // now. The address is passed as a number: the region may extend beyond
