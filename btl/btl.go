@@ -171,8 +171,27 @@ type Module interface {
 // 'PMLRoundTrip/size=8B$' ./btl/sm: 0.1714 -> 0.1644 us per one-way
 // message with a [16]byte by value, which the words then replaced: see
 // docs/PERFORMANCE.md).
+//
+// Unlike the endpoint's other sends, fragments sent this way are not
+// ordered: the in-process transport may hand one to a spinning receiver
+// while a later one (of either kind) is delivered directly (btl/self's
+// handoff.go). Use it only for fragments the receiver puts in order
+// itself (the PML's sequenced match headers).
 type HeaderSender interface {
 	SendImmediateHeader(tag Tag, h0, h1 uint64, data []byte) error
+}
+
+// Spinner is implemented by modules whose senders can hand small
+// fragments to a receiving goroutine that is spinning in a wait, to be
+// dispatched on that goroutine rather than the sender's (the in-process
+// transport). BeginSpin reports whether the caller may spin now (false:
+// it should park); after true, the caller calls Poll while it spins and
+// EndSpin when it stops, which dispatches what was handed over meanwhile.
+// Poll returns how many fragments it dispatched.
+type Spinner interface {
+	BeginSpin() bool
+	Poll() int
+	EndSpin()
 }
 
 // SyncGetter is an optional Endpoint interface for transports whose Get

@@ -152,6 +152,7 @@ func Run(n int, body func(world *Comm) error, opts ...Option) error {
 			return err
 		}
 		in.modules = append(in.modules, m)
+		in.engine.SetSpinner(m)
 		insts[r] = in
 	}
 	for _, in := range insts {

@@ -107,6 +107,7 @@ type Engine struct {
 	leavePinned bool
 	logf        func(string, ...any)
 	poll        pollers
+	inbox       btl.Spinner // in-process: the self transport, whose spinning waiters dispatch hand-offs (SetSpinner)
 	countStats  bool
 
 	Stats Stats
@@ -237,8 +238,23 @@ func (e *Engine) Close(err error) {
 	e.poll.close()
 }
 
-// Progress polls the polled transports once.
-func (e *Engine) Progress() int { return e.poll.progress() }
+// SetSpinner makes a waiter without polled transports (in-process ranks)
+// spin, polling s, for up to pml_wait_spin when s lets it (BeginSpin),
+// instead of parking at once. Call before the engine is used.
+func (e *Engine) SetSpinner(s btl.Spinner) {
+	if e.spin > 0 {
+		e.inbox = s
+	}
+}
+
+// Progress polls the polled transports once, and the spinner's hand-offs.
+func (e *Engine) Progress() int {
+	n := e.poll.progress()
+	if e.inbox != nil {
+		n += e.inbox.Poll()
+	}
+	return n
+}
 
 // Pending reports how many rendezvous requests are still in progress.
 func (e *Engine) Pending() int {

@@ -641,7 +641,7 @@ func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
 func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	e := c.e
 	r := e.takeSpare()
-	r.parks = !e.poll.active() // in-process: Wait parks at once (spinWait)
+	r.parks = !e.poll.active() && e.inbox == nil // in-process without spinning: Wait parks at once (spinWait)
 	if _, err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv, nil); err != nil {
 		recycleUnstarted(r)
 		return Status{}, err

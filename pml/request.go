@@ -320,6 +320,9 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 // and the scheduler preempts after 10 ms).
 func (e *Engine) spinWait(cond func() bool) bool {
 	if e.spin <= 0 || !e.poll.active() {
+		if e.inbox != nil {
+			return e.spinInbox(cond)
+		}
 		// Without polled transports (in-process ranks) nothing can be
 		// found by spinning: the peer's goroutine completes the request,
 		// and parking hands it this processor (a channel wake-up), which
@@ -365,6 +368,42 @@ func (e *Engine) spinWait(cond func() bool) bool {
 			}
 		}
 	}
+}
+
+// spinInbox is spinWait for in-process ranks with a spinner (SetSpinner):
+// while this goroutine is counted as spinning, senders hand it their small
+// messages and it matches them here, on its own core, instead of having
+// the sender's goroutine do it and wake it (btl/self's handoff.go). The
+// clock is read and the processor yielded as in spinWait.
+func (e *Engine) spinInbox(cond func() bool) bool {
+	s := e.inbox
+	if !s.BeginSpin() {
+		e.poll.progress()
+		return cond()
+	}
+	const yieldMask = 4095
+	var start time.Time
+	ok := false
+	for i := 1; ; i++ {
+		s.Poll()
+		e.poll.runDeferred()
+		if cond() {
+			ok = true
+			break
+		}
+		if i&255 == 0 {
+			if start.IsZero() {
+				start = time.Now()
+			} else if time.Since(start) > e.spin {
+				break
+			}
+			if i&yieldMask == 0 {
+				runtime.Gosched()
+			}
+		}
+	}
+	s.EndSpin()
+	return ok || cond()
 }
 
 // reset clears every field for reuse from the pool.

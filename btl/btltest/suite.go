@@ -391,9 +391,9 @@ func randSize(r *rand.Rand, max int) int {
 	case 0:
 		return 0
 	case 1:
-		return r.IntN(64)
+		return min(r.IntN(64), max)
 	case 2:
-		return r.IntN(4096)
+		return min(r.IntN(4096), max)
 	case 3:
 		return max
 	}

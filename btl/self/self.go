@@ -3,12 +3,18 @@
 // itself. A send calls the receiver's handler directly on the sender's
 // goroutine (no goroutine hop, no copy before the receiver's own), and
 // Put/Get are one copy between the two user buffers.
+//
+// The one exception is a small header-by-value send (SendImmediateHeader)
+// to a rank whose waiting goroutine is spinning (btl.Spinner): the
+// fragment goes into a ring of the pair and the receiver's own goroutine
+// dispatches it, on its core (see handoff.go).
 package self
 
 import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -46,11 +52,14 @@ type World struct {
 	regMu   sync.RWMutex
 	regs    map[uint64][]byte
 	nextReg atomic.Uint64
+
+	size  atomic.Int32 // modules attached (a rank spins only while size <= procs)
+	procs int32        // GOMAXPROCS when the world was made
 }
 
 // NewWorld makes an empty world.
 func NewWorld() *World {
-	return &World{mods: map[int]*Module{}, regs: map[uint64][]byte{}}
+	return &World{mods: map[int]*Module{}, regs: map[uint64][]byte{}, procs: int32(runtime.GOMAXPROCS(0))}
 }
 
 // Attach makes the self module of world rank env.Rank.
@@ -62,6 +71,7 @@ func (w *World) Attach(env *btl.Env) (*Module, error) {
 	if c&btl.CapSend == 0 {
 		return nil, mpierr.Errorf(mpierr.ErrArg, "btl_self_flags must include send")
 	}
+	w.size.Add(1)
 	m := &Module{w: w, rank: env.Rank, disp: env.Dispatch, lim: lim, caps: c, excl: excl, eps: map[int]*endpoint{}, stats: env.Stats}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -85,6 +95,8 @@ type Module struct {
 	mu  sync.Mutex
 	eps map[int]*endpoint
 
+	inbox // the rings of senders handing fragments to this rank (handoff.go)
+
 	// The fragment counters cost two locked instructions per message:
 	// kept only with stats (btl.Env.Stats). Puts and gets are counted
 	// always (one per large message).
@@ -104,6 +116,9 @@ func (m *Module) Bandwidth() int     { return 100000 }
 
 // AddProc returns the endpoint to peer when it lives in this world.
 func (m *Module) AddProc(peer int) (btl.Endpoint, error) {
+	if m.closed.Load() {
+		return nil, btl.ErrClosed
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if ep := m.eps[peer]; ep != nil {
@@ -146,6 +161,9 @@ type registration struct {
 
 // Register records mem in the world's table; the handle is (id, length).
 func (m *Module) Register(mem []byte, _ btl.Access) (btl.Registration, error) {
+	if m.closed.Load() {
+		return nil, btl.ErrClosed
+	}
 	r := &registration{w: m.w, id: m.w.nextReg.Add(1)}
 	binary.LittleEndian.PutUint64(r.handle[:], r.id)
 	binary.LittleEndian.PutUint64(r.handle[8:], uint64(len(mem)))
@@ -184,6 +202,7 @@ func (w *World) lookup(handle []byte, off, n int) ([]byte, error) {
 type endpoint struct {
 	from, to *Module
 	back     atomic.Pointer[endpoint] // to -> from, as the receiver sees the sender (set on first use)
+	ring     atomic.Pointer[ring]     // from -> to hand-offs (made on first use)
 }
 
 var _ btl.Endpoint = (*endpoint)(nil)
@@ -238,6 +257,9 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &
 
 // Alloc returns a pooled buffer.
 func (e *endpoint) Alloc(size int) ([]byte, error) {
+	if e.from.closed.Load() {
+		return nil, btl.ErrClosed
+	}
 	bp := bufPool.Get().(*[]byte)
 	if cap(*bp) < size {
 		bufPool.Put(bp)
@@ -266,6 +288,9 @@ func (e *endpoint) Free(buf []byte) {
 
 // Put copies local into the registration named by handle, at off.
 func (e *endpoint) Put(local []byte, handle []byte, off int, _ btl.Completion) (bool, error) {
+	if e.from.closed.Load() || e.to.closed.Load() {
+		return false, btl.ErrClosed
+	}
 	mem, err := e.from.w.lookup(handle, off, len(local))
 	if err != nil {
 		return false, err
@@ -287,6 +312,9 @@ func (e *endpoint) Get(local []byte, handle []byte, off int, _ btl.Completion) (
 // GetNow is Get, which in-process is one copy done before it returns
 // (btl.SyncGetter).
 func (e *endpoint) GetNow(local []byte, handle []byte, off int) error {
+	if e.from.closed.Load() || e.to.closed.Load() {
+		return btl.ErrClosed
+	}
 	mem, err := e.from.w.lookup(handle, off, len(local))
 	if err != nil {
 		return err

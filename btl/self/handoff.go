@@ -1,0 +1,229 @@
+package self
+
+import (
+	"encoding/binary"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gompi-org/gompi/btl"
+)
+
+// Hand-off to a spinning receiver.
+//
+// A direct delivery runs the receiver's matching on the sender's
+// goroutine. That is the cheapest way when the receiver is parked: the
+// wake-up puts it on the sender's processor, where those lines are. But a
+// receiver that spins on another core would then have its engine's lines
+// (lock, queues, requests) pulled to the sender's core and back for every
+// message (spinning that way measured twice as slow as parking). So while
+// a goroutine of the receiving rank spins (BeginSpin .. EndSpin), a small
+// header-by-value send is written into a ring of the pair instead, and the
+// spinner dispatches it on its own core: one slot's line crosses.
+//
+// No fragment is stranded: a sender that finds nobody spinning after it
+// published dispatches the ring itself (drain), and EndSpin drains after
+// it stopped counting itself, so one of the two sees the entry (sequential
+// consistency of sync/atomic). One goroutine drains a rank's rings at a
+// time (busy); a drain that finds it taken returns, and the holder looks
+// again after it lets go. Nobody waits for the lock, so a handler that
+// sends while a drain holds it cannot deadlock.
+//
+// Ordering: hand-offs of one pair are dispatched in the order they were
+// published, but a send that goes directly (nobody spinning, a full ring,
+// a payload too big for a slot) may overtake them. btl.HeaderSender allows
+// that; the PML sends only sequenced match headers this way and orders
+// them itself.
+
+const (
+	ringSlots = 16 // per ordered pair of ranks, made on the pair's first hand-off
+	ringMask  = ringSlots - 1
+	slotSize  = 256 // bytes per slot: 4 cache lines
+	slotData  = slotSize - 16 - 16
+)
+
+// slot is one hand-off: seq is n+1 once the pair's n-th hand-off is in it.
+type slot struct {
+	seq  atomic.Uint64
+	tag  uint8
+	dlen uint16
+	_    [5]byte
+	hdr  [16]byte
+	data [slotData]byte
+}
+
+// ring is one sender's hand-offs to one receiver. The producer's fields
+// and the consumer's are on lines of their own.
+type ring struct {
+	slots [ringSlots]slot
+
+	// producer (pmu held)
+	pmu      sync.Mutex
+	head     uint64 // hand-offs published
+	tailSeen uint64 // the consumer's tail as last read
+	_        [40]byte
+
+	// consumer (the receiver's busy held)
+	tail atomic.Uint64 // hand-offs dispatched
+	back *endpoint     // the receiver's endpoint to the sender: the fragments' origin
+	_    [48]byte
+}
+
+// inbox is a receiving module's side: its rings and its spinners.
+type inbox struct {
+	spinning atomic.Int32 // goroutines of this rank between BeginSpin and EndSpin
+	busy     atomic.Bool  // a goroutine is dispatching the rings
+	rings    atomic.Pointer[[]*ring]
+	_        [48]byte
+}
+
+var _ btl.Spinner = (*Module)(nil)
+var _ btl.HeaderSender = (*endpoint)(nil)
+
+// BeginSpin counts a goroutine of this rank that polls while it waits:
+// senders hand it their small fragments until EndSpin. False (nothing
+// counted) when the world has more ranks than the process has processors:
+// then a spinner would take a processor a rank needs.
+func (m *Module) BeginSpin() bool {
+	if m.w.size.Load() > m.w.procs || m.closed.Load() {
+		return false
+	}
+	m.spinning.Add(1)
+	return true
+}
+
+// EndSpin stops counting the spinner and dispatches what was handed over
+// meanwhile.
+func (m *Module) EndSpin() {
+	m.spinning.Add(-1)
+	m.drain()
+}
+
+// Poll dispatches what senders handed over; it returns how many fragments.
+func (m *Module) Poll() int { return m.drain() }
+
+// ready reports whether a ring holds an undispatched hand-off.
+func (m *Module) ready() bool {
+	rs := m.rings.Load()
+	if rs == nil {
+		return false
+	}
+	for _, r := range *rs {
+		t := r.tail.Load()
+		if r.slots[t&ringMask].seq.Load() == t+1 {
+			return true
+		}
+	}
+	return false
+}
+
+// drain dispatches every hand-off in m's rings, unless another goroutine
+// is at it (which looks again once it lets go).
+func (m *Module) drain() int {
+	n := 0
+	for m.ready() {
+		if !m.busy.CompareAndSwap(false, true) {
+			return n
+		}
+		for _, r := range *m.rings.Load() {
+			for {
+				t := r.tail.Load()
+				s := &r.slots[t&ringMask]
+				if s.seq.Load() != t+1 {
+					break
+				}
+				m.disp.Dispatch(r.back, btl.Tag(s.tag), s.hdr[:], s.data[:s.dlen])
+				r.tail.Store(t + 1)
+				n++
+			}
+		}
+		m.busy.Store(false)
+	}
+	return n
+}
+
+// ringTo returns the endpoint's ring, making it and adding it to the
+// receiver's list on first use; nil if the receiver cannot reach back.
+func (e *endpoint) ringTo() *ring {
+	if r := e.ring.Load(); r != nil {
+		return r
+	}
+	back, err := e.reverse()
+	if err != nil {
+		return nil
+	}
+	to := e.to
+	to.mu.Lock()
+	defer to.mu.Unlock()
+	if r := e.ring.Load(); r != nil {
+		return r
+	}
+	r := &ring{back: back}
+	var list []*ring
+	if old := to.rings.Load(); old != nil {
+		list = append(list, *old...)
+	}
+	list = append(list, r)
+	to.rings.Store(&list)
+	e.ring.Store(r)
+	return r
+}
+
+var hdrPool = sync.Pool{New: func() any { return new([16]byte) }}
+
+// SendImmediateHeader is SendImmediate with the header as two words. To a
+// rank that is spinning (another rank: a rank's own goroutines reach it
+// directly) a payload of up to slotData bytes is handed over through the
+// pair's ring; anything else is delivered at once.
+func (e *endpoint) SendImmediateHeader(tag btl.Tag, h0, h1 uint64, data []byte) error {
+	to := e.to
+	if to.spinning.Load() > 0 && len(data) <= slotData && to != e.from {
+		if e.from.closed.Load() || to.closed.Load() {
+			return btl.ErrClosed
+		}
+		if e.handOff(tag, h0, h1, data) {
+			if e.from.stats {
+				e.from.sent.Add(1)
+				e.from.sentBytes.Add(int64(16 + len(data)))
+			}
+			// Nobody spinning any more: dispatch it here (EndSpin may
+			// have looked before it was published).
+			if to.spinning.Load() == 0 {
+				to.drain()
+			}
+			return nil
+		}
+	}
+	hb := hdrPool.Get().(*[16]byte)
+	binary.LittleEndian.PutUint64(hb[:8], h0)
+	binary.LittleEndian.PutUint64(hb[8:], h1)
+	err := e.deliver(tag, hb[:], data)
+	hdrPool.Put(hb)
+	return err
+}
+
+// handOff publishes one fragment in the ring; false when the ring is full,
+// or another goroutine of the sender is publishing (rather than wait, the
+// caller delivers directly).
+func (e *endpoint) handOff(tag btl.Tag, h0, h1 uint64, data []byte) bool {
+	r := e.ringTo()
+	if r == nil || !r.pmu.TryLock() {
+		return false
+	}
+	h := r.head
+	if h-r.tailSeen >= ringSlots {
+		r.tailSeen = r.tail.Load()
+		if h-r.tailSeen >= ringSlots {
+			r.pmu.Unlock()
+			return false
+		}
+	}
+	s := &r.slots[h&ringMask]
+	s.tag, s.dlen = uint8(tag), uint16(len(data))
+	binary.LittleEndian.PutUint64(s.hdr[:8], h0)
+	binary.LittleEndian.PutUint64(s.hdr[8:], h1)
+	copy(s.data[:], data)
+	r.head = h + 1
+	s.seq.Store(h + 1)
+	r.pmu.Unlock()
+	return true
+}
