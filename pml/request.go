@@ -374,7 +374,12 @@ func (e *Engine) spinWait(cond func() bool) bool {
 // while this goroutine is counted as spinning, senders hand it their small
 // messages and it matches them here, on its own core, instead of having
 // the sender's goroutine do it and wake it (btl/self's handoff.go). The
-// clock is read and the processor yielded as in spinWait.
+// clock is read every 256 checks, as in spinWait; the processor is yielded
+// at the first of them (1-2 us in), then every 4096: a peer this goroutine
+// woke earlier may be queued on this processor, and spinning for all of
+// pml_wait_spin over it stalled the 4 MiB in-process benchmark until
+// another processor took it (rdma_get 88-94 -> 153-191 us per message
+// without that first yield).
 func (e *Engine) spinInbox(cond func() bool) bool {
 	s := e.inbox
 	if !s.BeginSpin() {
@@ -397,7 +402,7 @@ func (e *Engine) spinInbox(cond func() bool) bool {
 			} else if time.Since(start) > e.spin {
 				break
 			}
-			if i&yieldMask == 0 {
+			if i == 256 || i&yieldMask == 0 {
 				runtime.Gosched()
 			}
 		}
