@@ -5,11 +5,40 @@
 # Usage: bench/self.sh [ROUNDS]   (default 5; benchmarks interleaved per round)
 #   PGO=pgo/gompi.pgo bench/self.sh   also the ping-pong of a test binary built
 #     with that profile (go test -pgo), in the same rounds
+#   QUIET_NS=45 bench/self.sh   each ping-pong run waits (up to a minute) for
+#     the anchor's cache-line probe to read below 45 ns and is run again (at
+#     most three tries) when the probe right after it does not. Spinning
+#     in-process ranks pass a message between two cores, as processes over
+#     shared memory do, and the host moves this guest between a ~30 ns and a
+#     ~170 ns regime; the channel ping-pong runs on one processor and does
+#     not notice. The probes are printed with the results.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+QUIET_NS=${QUIET_NS:-}
+ANCHOR=${ANCHOR:-/work/shared/anchor}
+[ -n "$QUIET_NS" ] && gcc -O2 -o "$tmp/c2c" "$ANCHOR/c2c.c"
+quiet() { # true when the probe reads below QUIET_NS; the reading goes to $probed
+	probed=$(timeout 30 "$tmp/c2c" || echo 9999)
+	awk -v p="$probed" -v q="$QUIET_NS" 'BEGIN { exit !(p + 0 < q + 0) }'
+}
+# gated CMD...: CMD >> $tmp/out, in the quiet regime when QUIET_NS is set.
+gated() {
+	if [ -z "$QUIET_NS" ]; then "$@" >>"$tmp/out"; return; fi
+	local try before
+	for try in 1 2 3; do
+		for _ in $(seq 60); do quiet && break; sleep 1; done
+		before=$probed
+		"$@" >"$tmp/try"
+		if quiet || [ "$try" = 3 ]; then
+			echo "probe before $before ns, after $probed ns (try $try)" >>"$tmp/gate"
+			cat "$tmp/try" >>"$tmp/out"
+			return
+		fi
+	done
+}
 go test -c -o "$tmp/mpi.test" ./mpi
 go test -c -o "$tmp/pml.test" ./pml
 PGO=${PGO:-}
@@ -18,15 +47,14 @@ PGO=${PGO:-}
 # process the benchmarks after the first ran 5-25% slower, copy() included
 # (docs/PERFORMANCE.md, "Ninth session"), which favoured whichever came first.
 for i in $(seq "$rounds"); do
-	"$tmp/mpi.test" -test.run '^$' -test.bench 'ChannelPingPong|SelfPingPong' \
-		-test.benchtime 1s -test.benchmem >>"$tmp/out"
+	gated "$tmp/mpi.test" -test.run '^$' -test.bench 'ChannelPingPong|SelfPingPong' \
+		-test.benchtime 1s -test.benchmem
 	for b in 'SelfBandwidth/proto=rdma_get' 'SelfBandwidth/proto=rdma_put' 'Copy$'; do
 		"$tmp/mpi.test" -test.run '^$' -test.bench "$b" -test.benchtime 1s -test.benchmem >>"$tmp/out"
 	done
 	"$tmp/pml.test" -test.run '^$' -test.bench 'Match' -test.benchtime 1s -test.benchmem >>"$tmp/out"
 	if [ -n "$PGO" ]; then
-		"$tmp/mpi-pgo.test" -test.run '^$' -test.bench 'ChannelPingPong|SelfPingPong' -test.benchtime 1s -test.benchmem |
-			sed 's/^Benchmark/BenchmarkPGO/' >>"$tmp/out"
+		gated sh -c "\"$tmp/mpi-pgo.test\" -test.run '^\$' -test.bench 'ChannelPingPong|SelfPingPong' -test.benchtime 1s -test.benchmem | sed 's/^Benchmark/BenchmarkPGO/'"
 	fi
 done
 # name -> median ns/op (and allocs/op of the last run)
@@ -63,3 +91,5 @@ if [ -n "$PGO" ]; then
 fi
 echo
 echo "rounds: $rounds; machine load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+[ -f "$tmp/gate" ] && { echo "ping-pong runs, cache-line probe:"; cat "$tmp/gate"; }
+exit 0
