@@ -22,6 +22,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/internal/params"
@@ -184,12 +185,13 @@ type HeaderSender interface {
 // Spinner is implemented by modules whose senders can hand small
 // fragments to a receiving goroutine that is spinning in a wait, to be
 // dispatched on that goroutine rather than the sender's (the in-process
-// transport). BeginSpin reports whether the caller may spin now (false:
-// it should park); after true, the caller calls Poll while it spins and
-// EndSpin when it stops, which dispatches what was handed over meanwhile.
-// Poll returns how many fragments it dispatched.
+// transport). BeginSpin returns how long the caller may spin now, beyond
+// its own spin (0: it must not, and should park); after a non-zero answer,
+// the caller calls Poll while it spins and EndSpin when it stops, which
+// dispatches what was handed over meanwhile. Poll returns how many
+// fragments it dispatched.
 type Spinner interface {
-	BeginSpin() bool
+	BeginSpin() time.Duration
 	Poll() int
 	EndSpin()
 }

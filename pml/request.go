@@ -382,10 +382,12 @@ func (e *Engine) spinWait(cond func() bool) bool {
 // without that first yield).
 func (e *Engine) spinInbox(cond func() bool) bool {
 	s := e.inbox
-	if !s.BeginSpin() {
+	budget := s.BeginSpin()
+	if budget == 0 {
 		e.poll.progress()
 		return cond()
 	}
+	budget += e.spin
 	const yieldMask = 4095
 	var start time.Time
 	ok := false
@@ -399,7 +401,7 @@ func (e *Engine) spinInbox(cond func() bool) bool {
 		if i&255 == 0 {
 			if start.IsZero() {
 				start = time.Now()
-			} else if time.Since(start) > e.spin {
+			} else if time.Since(start) > budget {
 				break
 			}
 			if i == 256 || i&yieldMask == 0 {

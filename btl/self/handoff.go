@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gompi-org/gompi/btl"
 )
@@ -81,15 +82,16 @@ var _ btl.Spinner = (*Module)(nil)
 var _ btl.HeaderSender = (*endpoint)(nil)
 
 // BeginSpin counts a goroutine of this rank that polls while it waits:
-// senders hand it their small fragments until EndSpin. False (nothing
-// counted) when the world has more ranks than the process has processors:
-// then a spinner would take a processor a rank needs.
-func (m *Module) BeginSpin() bool {
-	if m.w.size.Load() > m.w.procs || m.closed.Load() {
-		return false
+// senders hand it their small fragments until EndSpin. It may poll for
+// btl_self_spin. 0 (nothing counted) when the world has more ranks than
+// the process has processors, for then a spinner would take a processor a
+// rank needs, or when btl_self_spin is 0.
+func (m *Module) BeginSpin() time.Duration {
+	if m.spin == 0 || m.w.size.Load() > m.w.procs || m.closed.Load() {
+		return 0
 	}
 	m.spinning.Add(1)
-	return true
+	return m.spin
 }
 
 // EndSpin stops counting the spinner and dispatches what was handed over

@@ -17,9 +17,11 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/internal/params"
 )
 
 // Name is the component name.
@@ -41,7 +43,11 @@ func init() {
 		Caps:        caps,
 		Exclusivity: btl.ExclusivityHigh,
 	})
+	params.Register(params.Def{Name: paramSpin, Kind: params.Duration, Default: "500us",
+		Help: "how long an in-process rank's waiter polls for hand-offs after pml_wait_spin, before it parks (spinning needs no more mpi.Run ranks than GOMAXPROCS)"})
 }
+
+const paramSpin = "btl_self_spin"
 
 // World is the set of ranks living in one process. Ranks join it with
 // Attach; a module reaches exactly the ranks of its world.
@@ -72,7 +78,8 @@ func (w *World) Attach(env *btl.Env) (*Module, error) {
 		return nil, mpierr.Errorf(mpierr.ErrArg, "btl_self_flags must include send")
 	}
 	w.size.Add(1)
-	m := &Module{w: w, rank: env.Rank, disp: env.Dispatch, lim: lim, caps: c, excl: excl, eps: map[int]*endpoint{}, stats: env.Stats}
+	m := &Module{w: w, rank: env.Rank, disp: env.Dispatch, lim: lim, caps: c, excl: excl, eps: map[int]*endpoint{}, stats: env.Stats,
+		spin: max(0, env.Params.Duration(paramSpin))}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if _, dup := w.mods[env.Rank]; dup {
@@ -91,6 +98,7 @@ type Module struct {
 	caps   btl.Caps
 	excl   int
 	closed atomic.Bool
+	spin   time.Duration // btl_self_spin
 
 	mu  sync.Mutex
 	eps map[int]*endpoint

@@ -100,7 +100,7 @@ func TestHandOffToSpinner(t *testing.T) {
 	send(t, hs, rec, 1, []byte("direct"))
 	require.Equal(t, []got{{h0: 1, h1: ^uint64(1), data: "direct", inSend: true}}, rec.all())
 
-	require.True(t, rcv.BeginSpin())
+	require.NotZero(t, rcv.BeginSpin())
 	send(t, hs, rec, 2, []byte("handed over"))
 	send(t, hs, rec, 3, nil)
 	require.Len(t, rec.all(), 1, "a hand-off ran on the sender's goroutine")
@@ -117,7 +117,7 @@ func TestHandOffToSpinner(t *testing.T) {
 // EndSpin dispatches what arrived since the last Poll, in order.
 func TestHandOffEndSpinDrains(t *testing.T) {
 	hs, rcv, rec := pair(t)
-	require.True(t, rcv.BeginSpin())
+	require.NotZero(t, rcv.BeginSpin())
 	for i := range 3 {
 		send(t, hs, rec, i, []byte{byte(i)})
 	}
@@ -135,7 +135,7 @@ func TestHandOffEndSpinDrains(t *testing.T) {
 // lost or delivered twice.
 func TestHandOffFullRingAndBigPayload(t *testing.T) {
 	hs, rcv, rec := pair(t)
-	require.True(t, rcv.BeginSpin())
+	require.NotZero(t, rcv.BeginSpin())
 	for i := range ringSlots + 3 {
 		send(t, hs, rec, i, []byte("x"))
 	}
@@ -164,18 +164,18 @@ func TestHandOffFullRingAndBigPayload(t *testing.T) {
 // A world with more ranks than processors does not spin.
 func TestBeginSpinRefusedWhenOversubscribed(t *testing.T) {
 	mods, _ := world(t, 3, 2)
-	require.False(t, mods[0].BeginSpin())
+	require.Zero(t, mods[0].BeginSpin())
 	mods2, _ := world(t, 2, 2)
-	require.True(t, mods2[0].BeginSpin())
+	require.NotZero(t, mods2[0].BeginSpin())
 	mods2[0].EndSpin()
 	require.NoError(t, mods2[1].Close())
-	require.False(t, mods2[1].BeginSpin(), "closed")
+	require.Zero(t, mods2[1].BeginSpin(), "closed")
 }
 
 // Sends to a closed module fail, hand-off or not.
 func TestHandOffClosed(t *testing.T) {
 	hs, rcv, _ := pair(t)
-	require.True(t, rcv.BeginSpin())
+	require.NotZero(t, rcv.BeginSpin())
 	require.NoError(t, rcv.Close())
 	require.ErrorIs(t, hs.SendImmediateHeader(testTag, 0, 0, nil), btl.ErrClosed)
 	rcv.EndSpin()
@@ -204,7 +204,7 @@ func TestHandOffConcurrent(t *testing.T) {
 					return
 				default:
 				}
-				if m.BeginSpin() {
+				if m.BeginSpin() > 0 {
 					for range 50 {
 						m.Poll()
 					}
@@ -260,7 +260,7 @@ func TestHandOffConcurrent(t *testing.T) {
 // of the PML (pml.Engine.SetSpinner) rely on it.
 func TestHandOffPolledByAnotherGoroutine(t *testing.T) {
 	hs, rcv, rec := pair(t)
-	require.True(t, rcv.BeginSpin())
+	require.NotZero(t, rcv.BeginSpin())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -273,4 +273,23 @@ func TestHandOffPolledByAnotherGoroutine(t *testing.T) {
 	<-done
 	rcv.EndSpin()
 	require.Equal(t, []got{{h0: 7, h1: ^uint64(7), data: "polled"}}, rec.all())
+}
+
+// btl_self_spin=0 turns spinning off; its value is the spin BeginSpin grants.
+func TestSelfSpinParam(t *testing.T) {
+	for _, c := range []struct {
+		val  string
+		want time.Duration
+	}{{"0", 0}, {"2ms", 2 * time.Millisecond}} {
+		set, err := params.NewSet([][2]string{{"btl_self_spin", c.val}})
+		require.NoError(t, err)
+		m, err := NewWorld().Attach(&btl.Env{Rank: 0, Size: 1, Params: set, Dispatch: &btl.Dispatcher{}, Logf: t.Logf})
+		require.NoError(t, err)
+		got := m.BeginSpin()
+		require.Equal(t, c.want, got)
+		if got > 0 {
+			m.EndSpin()
+		}
+		require.NoError(t, m.Close())
+	}
 }
