@@ -185,13 +185,14 @@ type HeaderSender interface {
 // Spinner is implemented by modules whose senders can hand small
 // fragments to a receiving goroutine that is spinning in a wait, to be
 // dispatched on that goroutine rather than the sender's (the in-process
-// transport). BeginSpin returns how long the caller may spin now, beyond
-// its own spin (0: it must not, and should park); after a non-zero answer,
-// the caller calls Poll while it spins and EndSpin when it stops, which
-// dispatches what was handed over meanwhile. Poll returns how many
+// transport). BeginSpin(size) returns how long the caller, waiting for
+// messages of at most size bytes (its receive buffers), may spin now,
+// beyond its own spin (0: it must not, and should park); after a non-zero
+// answer, the caller calls Poll while it spins and EndSpin when it stops,
+// which dispatches what was handed over meanwhile. Poll returns how many
 // fragments it dispatched.
 type Spinner interface {
-	BeginSpin() time.Duration
+	BeginSpin(size int) time.Duration
 	Poll() int
 	EndSpin()
 }

@@ -14,7 +14,8 @@ import (
 // spins) go directly, so the two kinds overtake each other underneath.
 // Every rank sends to every other rank a stream of messages of sizes on
 // both sides of the ring's slot, blocking and nonblocking; each receiver
-// takes them with AnySource/AnyTag and checks, per source, that they come
+// takes them with AnySource/AnyTag (or probes them and receives the
+// probed message) and checks, per source, that they come
 // in the order sent (MPI's non-overtaking rule) with their bytes intact.
 // GOMAXPROCS is raised so that four ranks spin (a world larger than
 // GOMAXPROCS parks instead), and the run is repeated with spinning off.
@@ -25,6 +26,15 @@ func TestInProcessSpinningKeepsOrder(t *testing.T) {
 		t.Run("spin="+spin, func(t *testing.T) {
 			mustRun(t, n, func(w *mpi.Comm) error {
 				me := w.Rank()
+				// Flow control on a communicator of its own: a sender
+				// waits for a credit from every peer each `batch`
+				// rounds, so receivers run dry and wait (spinning) while
+				// the next batch comes.
+				credits, err := w.Dup()
+				if err != nil {
+					return err
+				}
+				const batch = 16
 				errc := make(chan error, 1)
 				go func() {
 					// Sends in a goroutine of their own: every rank
@@ -32,7 +42,16 @@ func TestInProcessSpinningKeepsOrder(t *testing.T) {
 					// that is itself stuck sending.
 					buf := make([]byte, 400)
 					var reqs []*mpi.Request
+					credit := make([]byte, 1)
 					for k := range perPeer {
+						if k > 0 && k%batch == 0 {
+							for range n - 1 {
+								if _, err := credits.Recv(credit, mpi.AnySource, 0); err != nil {
+									errc <- err
+									return
+								}
+							}
+						}
 						for d := 1; d < n; d++ {
 							to := (me + d) % n
 							size := 4 + (k*37+to*11)%(len(buf)-4)
@@ -59,8 +78,17 @@ func TestInProcessSpinningKeepsOrder(t *testing.T) {
 				}()
 				next := make([]int, n)
 				buf := make([]byte, 400)
-				for range perPeer * (n - 1) {
-					st, err := w.Recv(buf, mpi.AnySource, mpi.AnyTag)
+				for i := range perPeer * (n - 1) {
+					// Ranks spin only for receives of up to a slot
+					// (btl/self): every other message is received into a
+					// buffer of its own size, after a Probe (which spins).
+					var st mpi.Status
+					var err error
+					if i%2 == 0 {
+						st, err = w.Recv(buf, mpi.AnySource, mpi.AnyTag)
+					} else if st, err = w.Probe(mpi.AnySource, mpi.AnyTag); err == nil {
+						st, err = w.Recv(buf[:st.Count], st.Source, st.Tag)
+					}
 					if err != nil {
 						return err
 					}
@@ -69,6 +97,11 @@ func TestInProcessSpinningKeepsOrder(t *testing.T) {
 						return fmt.Errorf("rank %d: from %d message %d arrived when %d was due", me, src, k, next[src])
 					}
 					next[src]++
+					if next[src]%batch == 0 && next[src] < perPeer {
+						if err := credits.Send([]byte{1}, src, 0); err != nil {
+							return err
+						}
+					}
 					if st.Tag != k%7 {
 						return fmt.Errorf("rank %d: from %d message %d has tag %d", me, src, k, st.Tag)
 					}

@@ -2,6 +2,7 @@ package pml
 
 import (
 	"context"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -193,7 +194,7 @@ func (e *Engine) Wait(ctx context.Context, r *Request) error {
 	if r.Done() {
 		return nil
 	}
-	if e.spinWait(func() bool { return r.Done() }) {
+	if e.spinWait(func() bool { return r.Done() }, r.waitSize()) {
 		return nil
 	}
 	// Every Wait on r shares r.own (made with r), so goroutines waiting on
@@ -270,7 +271,13 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 		return i
 	}
 	found := -1
-	e.spinWait(func() bool { found = find(); return found >= 0 })
+	size := 0
+	for _, r := range reqs {
+		if r != nil {
+			size = max(size, r.waitSize())
+		}
+	}
+	e.spinWait(func() bool { found = find(); return found >= 0 }, size)
 	if found >= 0 {
 		return found
 	}
@@ -318,10 +325,10 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 // core away from the peer this rank is waiting for; a goroutine of this
 // process that must run still gets a turn (the spin is bounded anyway,
 // and the scheduler preempts after 10 ms).
-func (e *Engine) spinWait(cond func() bool) bool {
+func (e *Engine) spinWait(cond func() bool, size int) bool {
 	if e.spin <= 0 || !e.poll.active() {
 		if e.inbox != nil {
-			return e.spinInbox(cond)
+			return e.spinInbox(cond, size)
 		}
 		// Without polled transports (in-process ranks) nothing can be
 		// found by spinning: the peer's goroutine completes the request,
@@ -380,9 +387,9 @@ func (e *Engine) spinWait(cond func() bool) bool {
 // pml_wait_spin over it stalled the 4 MiB in-process benchmark until
 // another processor took it (rdma_get 88-94 -> 153-191 us per message
 // without that first yield).
-func (e *Engine) spinInbox(cond func() bool) bool {
+func (e *Engine) spinInbox(cond func() bool, size int) bool {
 	s := e.inbox
-	budget := s.BeginSpin()
+	budget := s.BeginSpin(size)
 	if budget == 0 {
 		e.poll.progress()
 		return cond()
@@ -411,6 +418,20 @@ func (e *Engine) spinInbox(cond func() bool) bool {
 	}
 	s.EndSpin()
 	return ok || cond()
+}
+
+// waitSize is the largest message a wait for r is for, as the in-process
+// spinner weighs it (btl.Spinner.BeginSpin): a receive's capacity, 0 for
+// a probe (it waits for a header), and no bound for a send (its
+// completion comes from the receiver's goroutine, with no hand-off).
+func (r *Request) waitSize() int {
+	switch r.kind {
+	case kindRecv:
+		return r.buf.Len()
+	case kindProbe, kindMprobe:
+		return 0
+	}
+	return math.MaxInt
 }
 
 // reset clears every field for reuse from the pool.

@@ -100,7 +100,7 @@ func TestHandOffToSpinner(t *testing.T) {
 	send(t, hs, rec, 1, []byte("direct"))
 	require.Equal(t, []got{{h0: 1, h1: ^uint64(1), data: "direct", inSend: true}}, rec.all())
 
-	require.NotZero(t, rcv.BeginSpin())
+	require.NotZero(t, rcv.BeginSpin(0))
 	send(t, hs, rec, 2, []byte("handed over"))
 	send(t, hs, rec, 3, nil)
 	require.Len(t, rec.all(), 1, "a hand-off ran on the sender's goroutine")
@@ -117,7 +117,7 @@ func TestHandOffToSpinner(t *testing.T) {
 // EndSpin dispatches what arrived since the last Poll, in order.
 func TestHandOffEndSpinDrains(t *testing.T) {
 	hs, rcv, rec := pair(t)
-	require.NotZero(t, rcv.BeginSpin())
+	require.NotZero(t, rcv.BeginSpin(0))
 	for i := range 3 {
 		send(t, hs, rec, i, []byte{byte(i)})
 	}
@@ -131,11 +131,12 @@ func TestHandOffEndSpinDrains(t *testing.T) {
 	}
 }
 
-// A full ring and a payload too big for a slot go directly; nothing is
-// lost or delivered twice.
+// A sender that finds the ring full dispatches it itself, in order, and
+// goes on through the ring; a payload too big for a slot goes directly.
+// Nothing is lost or delivered twice.
 func TestHandOffFullRingAndBigPayload(t *testing.T) {
 	hs, rcv, rec := pair(t)
-	require.NotZero(t, rcv.BeginSpin())
+	require.NotZero(t, rcv.BeginSpin(0))
 	for i := range ringSlots + 3 {
 		send(t, hs, rec, i, []byte("x"))
 	}
@@ -145,37 +146,45 @@ func TestHandOffFullRingAndBigPayload(t *testing.T) {
 	}
 	send(t, hs, rec, 100, big)
 	fs := rec.all()
-	require.Len(t, fs, 4, "the overflow and the big payload are delivered at once")
-	for i, f := range fs[:3] {
-		require.Equal(t, uint64(ringSlots+i), f.h0)
+	require.Len(t, fs, ringSlots+1, "the full ring and the big payload are dispatched by the sender")
+	for i, f := range fs[:ringSlots] {
+		require.Equal(t, uint64(i), f.h0)
 		require.True(t, f.inSend)
 	}
-	require.Equal(t, string(big), fs[3].data)
-	require.Equal(t, ringSlots, rcv.Poll())
+	require.Equal(t, string(big), fs[ringSlots].data)
+	require.Equal(t, 3, rcv.Poll())
 	rcv.EndSpin()
 	fs = rec.all()
 	require.Len(t, fs, ringSlots+4)
-	for i, f := range fs[4:] {
-		require.Equal(t, uint64(i), f.h0)
+	for i, f := range fs[ringSlots+1:] {
+		require.Equal(t, uint64(ringSlots+i), f.h0)
 		require.False(t, f.inSend)
 	}
+}
+
+// Waits for messages larger than a slot do not spin.
+func TestBeginSpinSize(t *testing.T) {
+	mods, _ := world(t, 2, 2)
+	require.NotZero(t, mods[0].BeginSpin(slotData))
+	mods[0].EndSpin()
+	require.Zero(t, mods[0].BeginSpin(slotData+1))
 }
 
 // A world with more ranks than processors does not spin.
 func TestBeginSpinRefusedWhenOversubscribed(t *testing.T) {
 	mods, _ := world(t, 3, 2)
-	require.Zero(t, mods[0].BeginSpin())
+	require.Zero(t, mods[0].BeginSpin(0))
 	mods2, _ := world(t, 2, 2)
-	require.NotZero(t, mods2[0].BeginSpin())
+	require.NotZero(t, mods2[0].BeginSpin(0))
 	mods2[0].EndSpin()
 	require.NoError(t, mods2[1].Close())
-	require.Zero(t, mods2[1].BeginSpin(), "closed")
+	require.Zero(t, mods2[1].BeginSpin(0), "closed")
 }
 
 // Sends to a closed module fail, hand-off or not.
 func TestHandOffClosed(t *testing.T) {
 	hs, rcv, _ := pair(t)
-	require.NotZero(t, rcv.BeginSpin())
+	require.NotZero(t, rcv.BeginSpin(0))
 	require.NoError(t, rcv.Close())
 	require.ErrorIs(t, hs.SendImmediateHeader(testTag, 0, 0, nil), btl.ErrClosed)
 	rcv.EndSpin()
@@ -204,7 +213,7 @@ func TestHandOffConcurrent(t *testing.T) {
 					return
 				default:
 				}
-				if m.BeginSpin() > 0 {
+				if m.BeginSpin(0) > 0 {
 					for range 50 {
 						m.Poll()
 					}
@@ -260,7 +269,7 @@ func TestHandOffConcurrent(t *testing.T) {
 // of the PML (pml.Engine.SetSpinner) rely on it.
 func TestHandOffPolledByAnotherGoroutine(t *testing.T) {
 	hs, rcv, rec := pair(t)
-	require.NotZero(t, rcv.BeginSpin())
+	require.NotZero(t, rcv.BeginSpin(0))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -285,7 +294,7 @@ func TestSelfSpinParam(t *testing.T) {
 		require.NoError(t, err)
 		m, err := NewWorld().Attach(&btl.Env{Rank: 0, Size: 1, Params: set, Dispatch: &btl.Dispatcher{}, Logf: t.Logf})
 		require.NoError(t, err)
-		got := m.BeginSpin()
+		got := m.BeginSpin(0)
 		require.Equal(t, c.want, got)
 		if got > 0 {
 			m.EndSpin()
