@@ -182,19 +182,23 @@ type HeaderSender interface {
 	SendImmediateHeader(tag Tag, h0, h1 uint64, data []byte) error
 }
 
-// Spinner is implemented by modules whose senders can hand small
-// fragments to a receiving goroutine that is spinning in a wait, to be
-// dispatched on that goroutine rather than the sender's (the in-process
-// transport). BeginSpin(size) returns how long the caller, waiting for
-// messages of at most size bytes (its receive buffers), may spin now,
-// beyond its own spin (0: it must not, and should park); after a non-zero
-// answer, the caller calls Poll while it spins and EndSpin when it stops,
-// which dispatches what was handed over meanwhile. Poll returns how many
-// fragments it dispatched.
+// Spinner is implemented by modules whose senders hand small fragments
+// to the receiving process instance to dispatch on its own goroutines,
+// when it polls, rather than on the sender's (the in-process transport).
+// Senders hand off only once the instance called Enable; from then on it
+// must poll (Poll) in every call that can observe a message, and a
+// goroutine of it must not block without saying so: Park before it
+// blocks (senders then dispatch themselves; what is already handed over
+// is dispatched) and Unpark after. SpinFor(size) is how long a waiter for
+// messages of at most size bytes (its receive buffers) may poll before it
+// parks (0: it should not spin). Poll returns how many fragments it
+// dispatched.
 type Spinner interface {
-	BeginSpin(size int) time.Duration
+	Enable()
+	SpinFor(size int) time.Duration
 	Poll() int
-	EndSpin()
+	Park()
+	Unpark()
 }
 
 // SyncGetter is an optional Endpoint interface for transports whose Get

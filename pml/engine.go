@@ -238,12 +238,15 @@ func (e *Engine) Close(err error) {
 	e.poll.close()
 }
 
-// SetSpinner makes a waiter without polled transports (in-process ranks)
-// spin, polling s, for up to pml_wait_spin when s lets it (BeginSpin),
-// instead of parking at once. Call before the engine is used.
+// SetSpinner gives an engine without polled transports (in-process
+// ranks) the self transport's hand-offs (btl.Spinner), unless
+// pml_wait_spin is 0 (then senders keep delivering directly): its waits
+// poll s, spinning for pml_wait_spin plus s.SpinFor, and say when they
+// park; Progress polls s. Call before the engine is used.
 func (e *Engine) SetSpinner(s btl.Spinner) {
 	if e.spin > 0 {
 		e.inbox = s
+		s.Enable()
 	}
 }
 

@@ -203,6 +203,12 @@ func (e *Engine) Wait(ctx context.Context, r *Request) error {
 	// after the wait (reset clears it): clearing it here could hide the
 	// waiter of a goroutine still waiting. A token left in the channel
 	// only makes a later wait on r loop once more (it re-checks Done).
+	if e.inbox != nil {
+		// From here on this goroutine does not poll: senders must
+		// dispatch what they hand over themselves.
+		e.inbox.Park()
+		defer e.inbox.Unpark()
+	}
 	w := &r.own
 	if !r.parks {
 		r.w.Store(w)
@@ -280,6 +286,10 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 	e.spinWait(func() bool { found = find(); return found >= 0 }, size)
 	if found >= 0 {
 		return found
+	}
+	if e.inbox != nil {
+		e.inbox.Park() // as in Wait
+		defer e.inbox.Unpark()
 	}
 	w := waiterPool.Get().(*waiter)
 	for _, r := range reqs {
@@ -378,9 +388,10 @@ func (e *Engine) spinWait(cond func() bool, size int) bool {
 }
 
 // spinInbox is spinWait for in-process ranks with a spinner (SetSpinner):
-// while this goroutine is counted as spinning, senders hand it their small
-// messages and it matches them here, on its own core, instead of having
-// the sender's goroutine do it and wake it (btl/self's handoff.go). The
+// senders hand their small messages to this rank and the waiter matches
+// them here, on its own core, instead of having the sender's goroutine do
+// it and wake it (btl/self's handoff.go); it spins only for messages the
+// spinner takes (size: waitSize). The
 // clock is read every 256 checks, as in spinWait; the processor is yielded
 // at the first of them (1-2 us in), then every 4096: a peer this goroutine
 // woke earlier may be queued on this processor, and spinning for all of
@@ -389,35 +400,31 @@ func (e *Engine) spinWait(cond func() bool, size int) bool {
 // without that first yield).
 func (e *Engine) spinInbox(cond func() bool, size int) bool {
 	s := e.inbox
-	budget := s.BeginSpin(size)
+	budget := s.SpinFor(size)
 	if budget == 0 {
-		e.poll.progress()
+		e.Progress()
 		return cond()
 	}
 	budget += e.spin
 	const yieldMask = 4095
 	var start time.Time
-	ok := false
 	for i := 1; ; i++ {
 		s.Poll()
 		e.poll.runDeferred()
 		if cond() {
-			ok = true
-			break
+			return true
 		}
 		if i&255 == 0 {
 			if start.IsZero() {
 				start = time.Now()
 			} else if time.Since(start) > budget {
-				break
+				return false
 			}
 			if i == 256 || i&yieldMask == 0 {
 				runtime.Gosched()
 			}
 		}
 	}
-	s.EndSpin()
-	return ok || cond()
 }
 
 // waitSize is the largest message a wait for r is for, as the in-process

@@ -9,31 +9,45 @@ import (
 	"github.com/gompi-org/gompi/btl"
 )
 
-// Hand-off to a spinning receiver.
+// Hand-off to a polling receiver.
 //
 // A direct delivery runs the receiver's matching on the sender's
 // goroutine. That is the cheapest way when the receiver is parked: the
-// wake-up puts it on the sender's processor, where those lines are. But a
-// receiver that spins on another core would then have its engine's lines
-// (lock, queues, requests) pulled to the sender's core and back for every
-// message (spinning that way measured twice as slow as parking). So while
-// a goroutine of the receiving rank spins (BeginSpin .. EndSpin), a small
-// header-by-value send is written into a ring of the pair instead, and the
-// spinner dispatches it on its own core: one slot's line crosses.
+// wake-up puts it on the sender's processor, where those lines are. But
+// ranks that spin run on cores of their own, and a sender matching in a
+// receiver that spins or works on another core pulls the receiver's
+// engine lines (lock, queues, requests) to its core and back for every
+// message (spinning that way measured twice as slow as parking). So in a
+// world whose ranks spin (the rank's engine enabled hand-offs,
+// btl_self_spin > 0, no more ranks than GOMAXPROCS), a small
+// header-by-value send is written into a ring of the pair instead, and
+// the receiving rank dispatches it on its own core when it next polls:
+// one slot's line crosses.
 //
-// No fragment is stranded: a sender that finds nobody spinning after it
-// published dispatches the ring itself (drain), and EndSpin drains after
-// it stopped counting itself, so one of the two sees the entry (sequential
-// consistency of sync/atomic). One goroutine drains a rank's rings at a
-// time (busy); a drain that finds it taken returns, and the holder looks
-// again after it lets go. Nobody waits for the lock, so a handler that
-// sends while a drain holds it cannot deadlock.
+// A rank polls whenever it is inside a call that can observe a message:
+// waits spin polling (Poll), and Test, Iprobe and the like poll once.
+// What it must not do is block without polling: a goroutine about to park
+// says so first (Park, until Unpark) and drains the rings after saying
+// it; a sender that finds a parked goroutine once its entry is published
+// dispatches the rings itself, as a direct delivery would. One of the two
+// sees the entry (sequential consistency of sync/atomic), so no entry
+// waits for a rank that is blocked. An entry may wait while the receiving
+// rank computes outside gompi: only eager messages go into rings, they
+// complete at the sender at once, and the rank finds them at its next
+// call. A rendezvous send must not wait behind them (its sequence number
+// follows theirs), so a direct delivery first dispatches what its sender
+// left in the pair's ring (flush).
+//
+// One goroutine drains a rank's rings at a time (busy); a drain that
+// finds it taken returns, and the holder looks again after it lets go.
+// Nobody waits for the lock, so a handler that sends while a drain holds
+// it cannot deadlock.
 //
 // Ordering: hand-offs of one pair are dispatched in the order they were
-// published, but a send that goes directly (nobody spinning, a full ring,
-// a payload too big for a slot) may overtake them. btl.HeaderSender allows
-// that; the PML sends only sequenced match headers this way and orders
-// them itself.
+// published, but a send that goes directly (a parked receiver, a payload
+// too big for a slot) may overtake them. btl.HeaderSender allows that;
+// the PML sends only sequenced match headers this way and orders them
+// itself.
 
 const (
 	ringSlots = 64 // per ordered pair of ranks, made on the pair's first hand-off: a window of 64 small messages
@@ -69,68 +83,95 @@ type ring struct {
 	_    [48]byte
 }
 
-// inbox is a receiving module's side: its rings and its spinners. Senders
-// read spinning after every hand-off; busy and rings are the receiver's
-// (a sender touches them only when nobody spins), on a line of their own:
-// sharing one, the receiver's CAS of busy waited for the line the sender
-// had just read spinning from (7-13% of a ping-pong's profile).
+// inbox is a receiving module's side: its rings and its parked
+// goroutines. Senders read enabled and parked for every hand-off (lines
+// written only when the rank starts or parks); busy and rings are the
+// receiver's (a sender touches them when it drains), on a line of their
+// own: sharing one with a count senders read, the receiver's CAS of busy
+// waited for the line a sender had just read (7-13% of a ping-pong's
+// profile).
 type inbox struct {
-	_        [64]byte     // off the lines of the module's read-mostly fields (closed)
-	spinning atomic.Int32 // goroutines of this rank between BeginSpin and EndSpin
-	_        [60]byte
-	busy     atomic.Bool // a goroutine is dispatching the rings
-	rings    atomic.Pointer[[]*ring]
-	_        [48]byte
+	_       [64]byte     // off the lines of the module's read-mostly fields (closed)
+	enabled atomic.Bool  // the rank's engine polls (Enable)
+	parked  atomic.Int32 // goroutines of this rank blocked without polling (Park .. Unpark)
+	_       [56]byte
+	busy    atomic.Bool // a goroutine is dispatching the rings
+	rings   atomic.Pointer[[]*ring]
+	_       [48]byte
 }
 
 var _ btl.Spinner = (*Module)(nil)
 var _ btl.HeaderSender = (*endpoint)(nil)
 
-// BeginSpin counts a goroutine of this rank that polls while it waits for
-// messages of at most size bytes: senders hand it their small fragments
-// until EndSpin. It may poll for btl_self_spin. 0 (nothing counted) when
-// size is more than a slot holds, when the world has more ranks than the
-// process has processors (a spinner would take a processor a rank needs),
-// or when btl_self_spin is 0.
+// handsOff reports whether senders to m use rings: m's engine polls them
+// (Enable) and m's world spins (btl_self_spin, no more ranks than
+// processors).
+func (m *Module) handsOff() bool {
+	return m.enabled.Load() && m.spin != 0 && m.w.size.Load() <= m.w.procs
+}
+
+// Enable starts hand-offs to this rank: its engine polls from now on.
+func (m *Module) Enable() { m.enabled.Store(true) }
+
+// SpinFor is how long a waiter of this rank for messages of at most size
+// bytes may poll: btl_self_spin, or 0 when the world has more ranks than
+// the process has processors (a spinner would take a processor a rank
+// needs), when m does not hand off, or for sizes between a slot's and
+// spinLarge.
 //
-// Larger messages are better served by parking: the sender's goroutine
-// then copies and matches them on the processor the receiver is woken on,
-// so a message the receiver reads next is in that core's cache. With
-// both ranks spinning on their own cores every payload crossed between
-// caches: in-process ping-pong (gompi-bench latency --inprocess) 512 B
-// 0.26-0.45 -> 0.50-0.60 us, 16 KiB 1.9-2.1 -> 3.4-3.5, 256 KiB 7.7-8.0
-// -> 32-33.
-func (m *Module) BeginSpin(size int) time.Duration {
-	if m.spin == 0 || size > slotData || m.w.size.Load() > m.w.procs || m.closed.Load() {
+// Such messages are better served by parking: the sender's goroutine then
+// copies and matches them on the processor the receiver is woken on, so a
+// message the receiver reads next is in that core's cache. With both
+// ranks spinning on their own cores every payload crossed between caches:
+// in-process ping-pong (gompi-bench latency --inprocess) 512 B 0.26-0.45
+// -> 0.50-0.60 us, 16 KiB 1.9-2.1 -> 3.4-3.5, 256 KiB 7.7-8.0 -> 32-33.
+// From spinLarge on, a message outgrows a core's cache anyway and its copy
+// takes longer than the wake-up a parked receiver pays on another
+// processor: spinning, 1 MiB 72 -> 53 us, 4 MiB 233 -> 209, and the 4 MiB
+// in-process benchmark (go test -bench SelfBandwidth ./mpi) rdma_get
+// 92-99 -> 78-87 us.
+func (m *Module) SpinFor(size int) time.Duration {
+	if size > slotData && size < spinLarge || !m.handsOff() || m.closed.Load() {
 		return 0
 	}
-	m.spinning.Add(1)
 	return m.spin
 }
 
-// EndSpin stops counting the spinner and dispatches what was handed over
-// meanwhile.
-func (m *Module) EndSpin() {
-	m.spinning.Add(-1)
-	m.drain()
-}
+// spinLarge is the smallest receive that spins again (SpinFor).
+const spinLarge = 1 << 20
 
 // Poll dispatches what senders handed over; it returns how many fragments.
 func (m *Module) Poll() int { return m.drain() }
 
-// ready reports whether a ring holds an undispatched hand-off.
+// Park announces a goroutine of this rank that is about to block without
+// polling, and dispatches what was handed over so far; until Unpark,
+// senders dispatch their hand-offs themselves.
+func (m *Module) Park() {
+	m.parked.Add(1)
+	m.drain()
+}
+
+// Unpark ends a Park.
+func (m *Module) Unpark() { m.parked.Add(-1) }
+
+// ready reports whether one of m's rings holds an undispatched hand-off.
 func (m *Module) ready() bool {
 	rs := m.rings.Load()
 	if rs == nil {
 		return false
 	}
 	for _, r := range *rs {
-		t := r.tail.Load()
-		if r.slots[t&ringMask].seq.Load() == t+1 {
+		if r.ready() {
 			return true
 		}
 	}
 	return false
+}
+
+// ready reports whether r holds an undispatched hand-off.
+func (r *ring) ready() bool {
+	t := r.tail.Load()
+	return r.slots[t&ringMask].seq.Load() == t+1
 }
 
 // drain dispatches every hand-off in m's rings, unless another goroutine
@@ -188,35 +229,25 @@ func (e *endpoint) ringTo() *ring {
 var hdrPool = sync.Pool{New: func() any { return new([16]byte) }}
 
 // SendImmediateHeader is SendImmediate with the header as two words. A
-// payload of up to slotData bytes to another rank goes through the pair's
-// ring once the pair has one (made when the receiver was first found
-// spinning); if nobody spins at the receiver when it is in, the sender
-// dispatches it itself, as a direct delivery would. The ring is written
-// before the receiver's spinning count is read, so the message is on its
-// way while that line comes over. Anything else is delivered at once.
+// payload of up to slotData bytes to another rank that hands off goes
+// through the pair's ring, unless a goroutine of the receiver is parked;
+// if one parked meanwhile, the sender dispatches the rings itself.
+// Anything else is delivered at once.
 func (e *endpoint) SendImmediateHeader(tag btl.Tag, h0, h1 uint64, data []byte) error {
 	to := e.to
-	if len(data) <= slotData && to != e.from {
-		r := e.ring.Load()
-		if r == nil && to.spinning.Load() > 0 {
-			r = e.ringTo()
+	if len(data) <= slotData && to != e.from && to.parked.Load() == 0 && to.handsOff() {
+		if e.from.closed.Load() || to.closed.Load() {
+			return btl.ErrClosed
 		}
-		if r != nil {
-			if e.from.closed.Load() || to.closed.Load() {
-				return btl.ErrClosed
+		if r := e.ringTo(); r != nil && (r.handOff(tag, h0, h1, data) || r.drainFull(to) && r.handOff(tag, h0, h1, data)) {
+			if e.from.stats {
+				e.from.sent.Add(1)
+				e.from.sentBytes.Add(int64(16 + len(data)))
 			}
-			if r.handOff(tag, h0, h1, data) || r.drainFull(to) && r.handOff(tag, h0, h1, data) {
-				if e.from.stats {
-					e.from.sent.Add(1)
-					e.from.sentBytes.Add(int64(16 + len(data)))
-				}
-				// Nobody spinning: dispatch it here (an EndSpin may
-				// have drained before it was published).
-				if to.spinning.Load() == 0 {
-					to.drain()
-				}
-				return nil
+			if to.parked.Load() != 0 {
+				to.drain()
 			}
+			return nil
 		}
 	}
 	hb := hdrPool.Get().(*[16]byte)
@@ -227,12 +258,21 @@ func (e *endpoint) SendImmediateHeader(tag btl.Tag, h0, h1 uint64, data []byte) 
 	return err
 }
 
+// flush dispatches what this endpoint left in the pair's ring, before a
+// direct delivery that may depend on it (see the top of this file).
+func (e *endpoint) flush() {
+	if r := e.ring.Load(); r != nil && r.ready() {
+		e.to.drain()
+	}
+}
+
 // drainFull, for a sender whose hand-off did not go in (r full, or
 // another goroutine of the sender publishing), dispatches the receiver's
 // hand-offs on this goroutine so that a retry goes after them, in the
 // ring, and not before them directly (which would put every later message
-// of a full window through the PML's out-of-order list). A drain already
-// running elsewhere empties r instead. It reports true, for the retry.
+// of a full window through the PML's out-of-order list, and leave it
+// waiting while the receiver works). A drain already running elsewhere
+// empties r instead. It reports true, for the retry.
 func (r *ring) drainFull(to *Module) bool {
 	to.drain()
 	return true

@@ -5,9 +5,9 @@
 // Put/Get are one copy between the two user buffers.
 //
 // The one exception is a small header-by-value send (SendImmediateHeader)
-// to a rank whose waiting goroutine is spinning (btl.Spinner): the
-// fragment goes into a ring of the pair and the receiver's own goroutine
-// dispatches it, on its core (see handoff.go).
+// in a world whose waiters spin (btl.Spinner): the fragment goes into a
+// ring of the pair and the receiver's own goroutine dispatches it, on its
+// core, when it polls (see handoff.go).
 package self
 
 import (
@@ -244,6 +244,7 @@ func (e *endpoint) deliver(tag btl.Tag, hdr, data []byte) error {
 		e.from.sent.Add(1)
 		e.from.sentBytes.Add(int64(len(hdr) + len(data)))
 	}
+	e.flush()
 	e.to.disp.Dispatch(back, tag, hdr, data)
 	return nil
 }

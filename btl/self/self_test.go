@@ -2,6 +2,7 @@ package self
 
 import (
 	"encoding/binary"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,7 +16,8 @@ import (
 )
 
 // world attaches n modules to a new world; procs, when > 0, stands for
-// GOMAXPROCS (BeginSpin refuses when the world has more ranks).
+// GOMAXPROCS (a world with more ranks does not hand off). Hand-offs are
+// enabled, as an engine that polls does.
 func world(t testing.TB, n, procs int) ([]*Module, []*btl.Dispatcher) {
 	t.Helper()
 	w := NewWorld()
@@ -30,6 +32,7 @@ func world(t testing.TB, n, procs int) ([]*Module, []*btl.Dispatcher) {
 		ds[i] = &btl.Dispatcher{}
 		m, err := w.Attach(&btl.Env{Rank: i, Size: n, Params: set, Dispatch: ds[i], Logf: t.Logf})
 		require.NoError(t, err)
+		m.Enable()
 		mods[i] = m
 		t.Cleanup(func() { m.Close() })
 	}
@@ -93,106 +96,168 @@ func send(t *testing.T, hs btl.HeaderSender, rec *recorder, i int, data []byte) 
 	rec.sending.Store(false)
 }
 
-// Without a spinner the handler runs inside the send; with one, the
-// fragment waits in the ring until the spinner polls, and arrives intact.
-func TestHandOffToSpinner(t *testing.T) {
+// A send to a rank that hands off waits in the ring until the rank
+// polls, and arrives intact; a world with more ranks than processors and
+// a rank whose engine does not poll (never enabled) get it inside the
+// send.
+func TestHandOffUntilPolled(t *testing.T) {
 	hs, rcv, rec := pair(t)
-	send(t, hs, rec, 1, []byte("direct"))
-	require.Equal(t, []got{{h0: 1, h1: ^uint64(1), data: "direct", inSend: true}}, rec.all())
-
-	require.NotZero(t, rcv.BeginSpin(0))
-	send(t, hs, rec, 2, []byte("handed over"))
-	send(t, hs, rec, 3, nil)
-	require.Len(t, rec.all(), 1, "a hand-off ran on the sender's goroutine")
+	send(t, hs, rec, 1, []byte("handed over"))
+	send(t, hs, rec, 2, nil)
+	require.Empty(t, rec.all(), "a hand-off ran on the sender's goroutine")
 	require.Equal(t, 2, rcv.Poll())
 	require.Equal(t, 0, rcv.Poll())
-	rcv.EndSpin()
 	require.Equal(t, []got{
-		{h0: 1, h1: ^uint64(1), data: "direct", inSend: true},
-		{h0: 2, h1: ^uint64(2), data: "handed over"},
-		{h0: 3, h1: ^uint64(3), data: ""},
+		{h0: 1, h1: ^uint64(1), data: "handed over"},
+		{h0: 2, h1: ^uint64(2), data: ""},
 	}, rec.all())
+
+	mods, ds := world(t, 3, 2) // more ranks than processors
+	rec3 := &recorder{}
+	ds[1].Register(testTag, rec3.handler)
+	ep, err := mods[0].AddProc(1)
+	require.NoError(t, err)
+	send(t, ep.(btl.HeaderSender), rec3, 3, []byte("direct"))
+	require.Equal(t, []got{{h0: 3, h1: ^uint64(3), data: "direct", inSend: true}}, rec3.all())
+
+	w := NewWorld()
+	var plain [2]*Module
+	ds2 := [2]*btl.Dispatcher{{}, {}}
+	for i := range plain {
+		set, err := params.NewSet(nil)
+		require.NoError(t, err)
+		plain[i], err = w.Attach(&btl.Env{Rank: i, Size: 2, Params: set, Dispatch: ds2[i], Logf: t.Logf})
+		require.NoError(t, err)
+		t.Cleanup(func() { plain[i].Close() })
+	}
+	rec4 := &recorder{}
+	ds2[1].Register(testTag, rec4.handler)
+	ep, err = plain[0].AddProc(1)
+	require.NoError(t, err)
+	send(t, ep.(btl.HeaderSender), rec4, 4, []byte("direct"))
+	require.Equal(t, []got{{h0: 4, h1: ^uint64(4), data: "direct", inSend: true}}, rec4.all())
 }
 
-// EndSpin dispatches what arrived since the last Poll, in order.
-func TestHandOffEndSpinDrains(t *testing.T) {
+// Park dispatches what is in the rings; while a goroutine is parked,
+// senders dispatch themselves; after Unpark the rings are used again.
+func TestHandOffPark(t *testing.T) {
 	hs, rcv, rec := pair(t)
-	require.NotZero(t, rcv.BeginSpin(0))
 	for i := range 3 {
 		send(t, hs, rec, i, []byte{byte(i)})
 	}
 	require.Empty(t, rec.all())
-	rcv.EndSpin()
+	rcv.Park()
 	fs := rec.all()
 	require.Len(t, fs, 3)
 	for i, f := range fs {
 		require.Equal(t, uint64(i), f.h0)
 		require.Equal(t, string([]byte{byte(i)}), f.data)
+		require.False(t, f.inSend)
+	}
+	send(t, hs, rec, 3, []byte("while parked"))
+	require.Len(t, rec.all(), 4)
+	require.True(t, rec.all()[3].inSend)
+	rcv.Unpark()
+	send(t, hs, rec, 4, nil)
+	require.Len(t, rec.all(), 4)
+	require.Equal(t, 1, rcv.Poll())
+}
+
+// A goroutine parking while a sender hands over: every fragment is
+// dispatched by one of the two, with no Poll (nothing waits in a ring for
+// a blocked rank).
+func TestHandOffParkRace(t *testing.T) {
+	hs, rcv, rec := pair(t)
+	for i := range 2000 {
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			if err := hs.SendImmediateHeader(testTag, uint64(i), 0, nil); err != nil {
+				t.Error(err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			rcv.Park()
+		}()
+		wg.Wait()
+		require.Len(t, rec.all(), i+1, "fragment %d waits in the ring of a parked rank", i)
+		rcv.Unpark()
 	}
 }
 
 // A sender that finds the ring full dispatches it itself, in order, and
-// goes on through the ring; a payload too big for a slot goes directly.
-// Nothing is lost or delivered twice.
+// goes on through the ring; a payload too big for a slot goes directly,
+// after what the sender left in the ring (flush). Nothing is lost,
+// duplicated or reordered.
 func TestHandOffFullRingAndBigPayload(t *testing.T) {
 	hs, rcv, rec := pair(t)
-	require.NotZero(t, rcv.BeginSpin(0))
 	for i := range ringSlots + 3 {
 		send(t, hs, rec, i, []byte("x"))
+	}
+	fs := rec.all()
+	require.Len(t, fs, ringSlots, "the sender dispatched the full ring")
+	for i, f := range fs {
+		require.Equal(t, uint64(i), f.h0)
+		require.True(t, f.inSend)
 	}
 	big := make([]byte, slotData+1)
 	for i := range big {
 		big[i] = byte(i)
 	}
-	send(t, hs, rec, 100, big)
-	fs := rec.all()
-	require.Len(t, fs, ringSlots+1, "the full ring and the big payload are dispatched by the sender")
-	for i, f := range fs[:ringSlots] {
+	send(t, hs, rec, ringSlots+3, big)
+	fs = rec.all()
+	require.Len(t, fs, ringSlots+4)
+	for i, f := range fs {
 		require.Equal(t, uint64(i), f.h0)
 		require.True(t, f.inSend)
 	}
-	require.Equal(t, string(big), fs[ringSlots].data)
-	require.Equal(t, 3, rcv.Poll())
-	rcv.EndSpin()
-	fs = rec.all()
-	require.Len(t, fs, ringSlots+4)
-	for i, f := range fs[ringSlots+1:] {
-		require.Equal(t, uint64(ringSlots+i), f.h0)
-		require.False(t, f.inSend)
-	}
+	require.Equal(t, string(big), fs[ringSlots+3].data)
+	require.Equal(t, 0, rcv.Poll())
 }
 
-// Waits for messages larger than a slot do not spin.
-func TestBeginSpinSize(t *testing.T) {
+// A direct delivery (here a SendImmediate) dispatches the sender's
+// hand-offs first: a rendezvous header never waits behind them.
+func TestDirectFlushesRing(t *testing.T) {
+	hs, _, rec := pair(t)
+	send(t, hs, rec, 1, []byte("eager"))
+	require.Empty(t, rec.all())
+	rec.sending.Store(true)
+	require.NoError(t, hs.(btl.Endpoint).SendImmediate(testTag, binary.LittleEndian.AppendUint64(make([]byte, 8), 2), []byte("rndv")))
+	rec.sending.Store(false)
+	fs := rec.all()
+	require.Len(t, fs, 2)
+	require.Equal(t, "eager", fs[0].data)
+	require.Equal(t, "rndv", fs[1].data)
+}
+
+// Waits for messages larger than a slot and smaller than spinLarge, in
+// worlds with more ranks than processors, and on closed modules do not
+// spin.
+func TestSpinFor(t *testing.T) {
 	mods, _ := world(t, 2, 2)
-	require.NotZero(t, mods[0].BeginSpin(slotData))
-	mods[0].EndSpin()
-	require.Zero(t, mods[0].BeginSpin(slotData+1))
-}
-
-// A world with more ranks than processors does not spin.
-func TestBeginSpinRefusedWhenOversubscribed(t *testing.T) {
-	mods, _ := world(t, 3, 2)
-	require.Zero(t, mods[0].BeginSpin(0))
-	mods2, _ := world(t, 2, 2)
-	require.NotZero(t, mods2[0].BeginSpin(0))
-	mods2[0].EndSpin()
-	require.NoError(t, mods2[1].Close())
-	require.Zero(t, mods2[1].BeginSpin(0), "closed")
+	require.NotZero(t, mods[0].SpinFor(slotData))
+	require.Zero(t, mods[0].SpinFor(slotData+1))
+	require.Zero(t, mods[0].SpinFor(spinLarge-1))
+	require.NotZero(t, mods[0].SpinFor(spinLarge))
+	require.NoError(t, mods[1].Close())
+	require.Zero(t, mods[1].SpinFor(0), "closed")
+	over, _ := world(t, 3, 2)
+	require.Zero(t, over[0].SpinFor(0))
 }
 
 // Sends to a closed module fail, hand-off or not.
 func TestHandOffClosed(t *testing.T) {
 	hs, rcv, _ := pair(t)
-	require.NotZero(t, rcv.BeginSpin(0))
 	require.NoError(t, rcv.Close())
 	require.ErrorIs(t, hs.SendImmediateHeader(testTag, 0, 0, nil), btl.ErrClosed)
-	rcv.EndSpin()
 }
 
-// Senders on several goroutines and ranks against receivers that start
-// and stop spinning: every fragment arrives exactly once, intact, with no
-// Poll after the last EndSpin (nothing is stranded in a ring).
+// Senders on several goroutines and ranks against receivers that poll
+// and park in turn: every fragment arrives exactly once, intact, once
+// each receiver has polled after the senders finished (as its next call
+// would).
 func TestHandOffConcurrent(t *testing.T) {
 	const n, perSender, senders = 3, 3000, 2
 	mods, ds := world(t, n, n)
@@ -213,12 +278,12 @@ func TestHandOffConcurrent(t *testing.T) {
 					return
 				default:
 				}
-				if m.BeginSpin(0) > 0 {
-					for range 50 {
-						m.Poll()
-					}
-					m.EndSpin()
+				for range 50 {
+					m.Poll()
 				}
+				m.Park()
+				runtime.Gosched()
+				m.Unpark()
 			}
 		}(mods[i])
 	}
@@ -249,6 +314,9 @@ func TestHandOffConcurrent(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	spinners.Wait()
+	for _, m := range mods {
+		m.Poll()
+	}
 	seen := map[uint64]bool{}
 	for to, rec := range recs {
 		for _, f := range rec.all() {
@@ -265,11 +333,10 @@ func TestHandOffConcurrent(t *testing.T) {
 	require.Len(t, seen, n*senders*perSender)
 }
 
-// A spinner polling in a loop sees a hand-off without EndSpin: the waits
-// of the PML (pml.Engine.SetSpinner) rely on it.
+// A goroutine polling in a loop sees a hand-off: the waits of the PML
+// (pml.Engine.SetSpinner) rely on it.
 func TestHandOffPolledByAnotherGoroutine(t *testing.T) {
 	hs, rcv, rec := pair(t)
-	require.NotZero(t, rcv.BeginSpin(0))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -280,11 +347,11 @@ func TestHandOffPolledByAnotherGoroutine(t *testing.T) {
 	}()
 	send(t, hs, rec, 7, []byte("polled"))
 	<-done
-	rcv.EndSpin()
 	require.Equal(t, []got{{h0: 7, h1: ^uint64(7), data: "polled"}}, rec.all())
 }
 
-// btl_self_spin=0 turns spinning off; its value is the spin BeginSpin grants.
+// btl_self_spin=0 turns spinning off; its value is the spin SpinFor grants
+// once the module is enabled.
 func TestSelfSpinParam(t *testing.T) {
 	for _, c := range []struct {
 		val  string
@@ -294,11 +361,9 @@ func TestSelfSpinParam(t *testing.T) {
 		require.NoError(t, err)
 		m, err := NewWorld().Attach(&btl.Env{Rank: 0, Size: 1, Params: set, Dispatch: &btl.Dispatcher{}, Logf: t.Logf})
 		require.NoError(t, err)
-		got := m.BeginSpin(0)
-		require.Equal(t, c.want, got)
-		if got > 0 {
-			m.EndSpin()
-		}
+		require.Zero(t, m.SpinFor(0), "before Enable")
+		m.Enable()
+		require.Equal(t, c.want, m.SpinFor(0))
 		require.NoError(t, m.Close())
 	}
 }
