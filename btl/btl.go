@@ -174,10 +174,10 @@ type Module interface {
 // docs/PERFORMANCE.md).
 //
 // Unlike the endpoint's other sends, fragments sent this way are not
-// ordered: the in-process transport may hand one to a spinning receiver
-// while a later one (of either kind) is delivered directly (btl/self's
-// handoff.go). Use it only for fragments the receiver puts in order
-// itself (the PML's sequenced match headers).
+// ordered: the in-process transport may leave one in a ring for the
+// receiving rank to dispatch while a later one (of either kind) is
+// delivered directly (btl/self's handoff.go). Use it only for fragments
+// the receiver puts in order itself (the PML's sequenced match headers).
 type HeaderSender interface {
 	SendImmediateHeader(tag Tag, h0, h1 uint64, data []byte) error
 }

@@ -44,7 +44,7 @@ func init() {
 		Exclusivity: btl.ExclusivityHigh,
 	})
 	params.Register(params.Def{Name: paramSpin, Kind: params.Duration, Default: "500us",
-		Help: "how long an in-process rank's waiter polls for hand-offs after pml_wait_spin, before it parks (spinning needs no more mpi.Run ranks than GOMAXPROCS)"})
+		Help: "how long an in-process rank waiting for a receive of up to 224 bytes or of 1 MiB and more polls for hand-offs after pml_wait_spin, before it parks (needs no more mpi.Run ranks than GOMAXPROCS; 0: no hand-offs, ranks park at once)"})
 }
 
 const paramSpin = "btl_self_spin"
