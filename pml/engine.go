@@ -107,7 +107,7 @@ type Engine struct {
 	leavePinned bool
 	logf        func(string, ...any)
 	poll        pollers
-	inbox       btl.Spinner // in-process: the self transport, whose spinning waiters dispatch hand-offs (SetSpinner)
+	inbox       btl.Spinner // in-process: the self transport's hand-offs, polled by this engine's calls (SetSpinner)
 	countStats  bool
 
 	Stats Stats

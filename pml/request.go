@@ -278,9 +278,11 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 	}
 	found := -1
 	size := 0
-	for _, r := range reqs {
-		if r != nil {
-			size = max(size, r.waitSize())
+	if e.inbox != nil {
+		for _, r := range reqs {
+			if r != nil {
+				size = max(size, r.waitSize())
+			}
 		}
 	}
 	e.spinWait(func() bool { found = find(); return found >= 0 }, size)
@@ -322,7 +324,8 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 }
 
 // spinWait checks cond while spinning for the configured time; true if it
-// held. It spins only when there are polled transports: it polls them
+// held. size is the largest message waited for (waitSize), which decides
+// whether in-process ranks spin (spinInbox). It spins only when there are polled transports: it polls them
 // between checks and counts itself in pollers.spinners while it does, so
 // the background poller stays asleep instead of competing for the
 // transport and the processor. Without them (in-process ranks) it checks
@@ -390,14 +393,14 @@ func (e *Engine) spinWait(cond func() bool, size int) bool {
 // spinInbox is spinWait for in-process ranks with a spinner (SetSpinner):
 // senders hand their small messages to this rank and the waiter matches
 // them here, on its own core, instead of having the sender's goroutine do
-// it and wake it (btl/self's handoff.go); it spins only for messages the
-// spinner takes (size: waitSize). The
-// clock is read every 256 checks, as in spinWait; the processor is yielded
-// at the first of them (1-2 us in), then every 4096: a peer this goroutine
-// woke earlier may be queued on this processor, and spinning for all of
-// pml_wait_spin over it stalled the 4 MiB in-process benchmark until
-// another processor took it (rdma_get 88-94 -> 153-191 us per message
-// without that first yield).
+// it and wake it (btl/self's handoff.go). It spins as long as the spinner
+// allows for the size waited for (SpinFor; none: it polls once). The
+// clock is read every 256 checks, as in spinWait; the processor is
+// yielded at the first of them (1-2 us in), then every 4096: a peer this
+// goroutine woke earlier may be queued on this processor, and spinning
+// for all of pml_wait_spin over it stalled the 4 MiB in-process benchmark
+// until another processor took it (rdma_get 88-94 -> 153-191 us per
+// message without that first yield).
 func (e *Engine) spinInbox(cond func() bool, size int) bool {
 	s := e.inbox
 	budget := s.SpinFor(size)
@@ -428,7 +431,7 @@ func (e *Engine) spinInbox(cond func() bool, size int) bool {
 }
 
 // waitSize is the largest message a wait for r is for, as the in-process
-// spinner weighs it (btl.Spinner.BeginSpin): a receive's capacity, 0 for
+// spinner weighs it (btl.Spinner.SpinFor): a receive's capacity, 0 for
 // a probe (it waits for a header), and no bound for a send (its
 // completion comes from the receiver's goroutine, with no hand-off).
 func (r *Request) waitSize() int {
