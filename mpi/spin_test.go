@@ -9,16 +9,16 @@ import (
 	"github.com/gompi-org/gompi/mpi"
 )
 
-// In-process ranks that spin while they wait get small messages handed
-// over through a ring, while larger ones (and those sent when nobody
-// spins) go directly, so the two kinds overtake each other underneath.
-// Every rank sends to every other rank a stream of messages of sizes on
-// both sides of the ring's slot, blocking and nonblocking; each receiver
-// takes them with AnySource/AnyTag (or probes them and receives the
-// probed message) and checks, per source, that they come
-// in the order sent (MPI's non-overtaking rule) with their bytes intact.
-// GOMAXPROCS is raised so that four ranks spin (a world larger than
-// GOMAXPROCS parks instead), and the run is repeated with spinning off.
+// In-process ranks get small messages handed over through a ring, while
+// larger ones (and those sent to a parked rank) go directly, so the two
+// kinds overtake each other underneath. Every rank sends to every other
+// rank a stream of messages of sizes on both sides of the ring's slot,
+// blocking and nonblocking; each receiver takes them with AnySource/AnyTag
+// (or probes them and receives the probed message) and checks, per
+// source, that they come in the order sent (MPI's non-overtaking rule)
+// with their bytes intact. GOMAXPROCS is raised so that four ranks hand
+// off (a world larger than GOMAXPROCS does not), and the run is repeated
+// with spinning off.
 func TestInProcessSpinningKeepsOrder(t *testing.T) {
 	const n, perPeer = 4, 1500
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(max(n, runtime.GOMAXPROCS(0))))
