@@ -25,7 +25,8 @@ import (
 // one slot's line crosses.
 //
 // A rank polls whenever it is inside a call that can observe a message:
-// waits spin polling (Poll), and Test, Iprobe and the like poll once.
+// waits poll (Poll: spinning as long as SpinFor allows, else once before
+// they park), and Test, Iprobe and the like poll once.
 // What it must not do is block without polling: a goroutine about to park
 // says so first (Park, until Unpark) and drains the rings after saying
 // it; a sender that finds a parked goroutine once its entry is published
