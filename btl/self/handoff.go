@@ -130,7 +130,7 @@ func (m *Module) Enable() { m.enabled.Store(true) }
 // takes longer than the wake-up a parked receiver pays on another
 // processor: spinning, 1 MiB 72 -> 53 us, 4 MiB 233 -> 209, and the 4 MiB
 // in-process benchmark (go test -bench SelfBandwidth ./mpi) rdma_get
-// 92-99 -> 78-87 us.
+// 91-99 -> 78-80 us.
 func (m *Module) SpinFor(size int) time.Duration {
 	if size > slotData && size < spinLarge || !m.handsOff() || m.closed.Load() {
 		return 0
