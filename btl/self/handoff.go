@@ -120,12 +120,14 @@ func (m *Module) Enable() { m.enabled.Store(true) }
 // needs), when m does not hand off, or for sizes between a slot's and
 // spinLarge.
 //
-// Such messages are better served by parking: the sender's goroutine then
-// copies and matches them on the processor the receiver is woken on, so a
-// message the receiver reads next is in that core's cache. With both
-// ranks spinning on their own cores every payload crossed between caches:
-// in-process ping-pong (gompi-bench latency --inprocess) 512 B 0.26-0.45
-// -> 0.50-0.60 us, 16 KiB 1.9-2.1 -> 3.4-3.5, 256 KiB 7.7-8.0 -> 32-33.
+// Such messages measured better served by parking. Spinning for them,
+// in-process ping-pong (gompi-bench latency --inprocess) went 512 B
+// 0.26-0.45 -> 0.50-0.60 us, 16 KiB 1.9-2.1 -> 3.4-3.5, 256 KiB 7.7-8.0
+// -> 32-33. Our reading (not measured apart): parked, the receiver is
+// woken on the processor where the sender's goroutine just copied and
+// matched the message, so the payload stays in that core's cache; with
+// both ranks spinning on their own cores every payload crosses between
+// caches.
 // From spinLarge on, a message outgrows a core's cache anyway and its copy
 // takes longer than the wake-up a parked receiver pays on another
 // processor: spinning, 1 MiB 72 -> 53 us, 4 MiB 233 -> 209, and the 4 MiB
