@@ -242,7 +242,7 @@ func (e *endpoint) SendImmediateHeader(tag btl.Tag, h0, h1 uint64, data []byte) 
 		if e.from.closed.Load() || to.closed.Load() {
 			return btl.ErrClosed
 		}
-		if r := e.ringTo(); r != nil && (r.handOff(tag, h0, h1, data) || r.drainFull(to) && r.handOff(tag, h0, h1, data)) {
+		if r := e.ringTo(); r != nil && e.handOff(r, tag, h0, h1, data) {
 			if e.from.stats {
 				e.from.sent.Add(1)
 				e.from.sentBytes.Add(int64(16 + len(data)))
@@ -269,22 +269,25 @@ func (e *endpoint) flush() {
 	}
 }
 
-// drainFull, for a sender whose hand-off did not go in (r full, or
-// another goroutine of the sender publishing), dispatches the receiver's
-// hand-offs on this goroutine so that a retry goes after them, in the
-// ring, and not before them directly (which would put every later message
-// of a full window through the PML's out-of-order list, and leave it
-// waiting while the receiver works). A drain already running elsewhere
-// empties r instead. It reports true, for the retry.
-func (r *ring) drainFull(to *Module) bool {
-	to.drain()
-	return true
+// handOff puts one fragment in r. When r is full (or another goroutine
+// of the sender is publishing), it dispatches the receiver's rings on this
+// goroutine and tries once more, so that the fragment goes in after them
+// rather than directly before them, which would put every later message
+// of a full window through the PML's out-of-order list. A drain already
+// running elsewhere empties r instead. False: the caller delivers
+// directly.
+func (e *endpoint) handOff(r *ring, tag btl.Tag, h0, h1 uint64, data []byte) bool {
+	if r.publish(tag, h0, h1, data) {
+		return true
+	}
+	e.to.drain()
+	return r.publish(tag, h0, h1, data)
 }
 
-// handOff publishes one fragment in the ring; false when the ring is full,
-// or another goroutine of the sender is publishing (rather than wait, the
-// caller delivers directly).
-func (r *ring) handOff(tag btl.Tag, h0, h1 uint64, data []byte) bool {
+// publish writes one fragment into the ring; false when the ring is full,
+// or another goroutine of the sender is publishing (rather than wait for
+// it).
+func (r *ring) publish(tag btl.Tag, h0, h1 uint64, data []byte) bool {
 	if !r.pmu.TryLock() {
 		return false
 	}
