@@ -641,7 +641,7 @@ func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
 func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	e := c.e
 	r := e.takeSpare()
-	r.parks = !e.poll.active() && e.inbox == nil // in-process without spinning: Wait parks at once (spinWait)
+	r.parks = e.parksOnly() // Wait parks at once (spinWait)
 	if _, err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv, nil); err != nil {
 		recycleUnstarted(r)
 		return Status{}, err
@@ -659,7 +659,7 @@ func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 // receive's completion and the caller's next send. One spare is kept in
 // the engine, more in a sync.Pool.
 func (e *Engine) takeSpare() *Request {
-	if !e.poll.active() && e.inbox == nil {
+	if e.parksOnly() {
 		// In-process ranks that park run both sides on one processor in
 		// turn: nothing is gained by moving the cleaning, and the pool is
 		// cheaper. Ranks that spin (SetSpinner) run on two, as processes
@@ -691,7 +691,7 @@ var spares sync.Pool
 // takeSpare, dropping its reference to the user's buffer at once; a
 // request the engine may still reference goes the way of recycle.
 func (e *Engine) putSpare(r *Request) {
-	if !e.poll.active() && e.inbox == nil || !r.Done() || !r.poolable() {
+	if e.parksOnly() || !r.Done() || !r.poolable() {
 		recycle(r)
 		return
 	}

@@ -324,11 +324,11 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 }
 
 // spinWait checks cond while spinning for the configured time; true if it
-// held. size is the largest message waited for (waitSize), which decides
-// whether in-process ranks spin (spinInbox). It spins only when there are polled transports: it polls them
-// between checks and counts itself in pollers.spinners while it does, so
-// the background poller stays asleep instead of competing for the
-// transport and the processor. Without them (in-process ranks) it checks
+// held. With polled transports it polls them between checks and counts
+// itself in pollers.spinners while it does, so the background poller
+// stays asleep instead of competing for the transport and the processor.
+// In-process ranks with a spinner spin in spinInbox, as size (the largest
+// message waited for: waitSize) allows; without one (parksOnly) it checks
 // once: the peer's goroutine completes the request, and parking hands it
 // this processor.
 //
@@ -429,6 +429,11 @@ func (e *Engine) spinInbox(cond func() bool, size int) bool {
 		}
 	}
 }
+
+// parksOnly reports that this engine's waiters park at once and are
+// woken by the peer's goroutine, which matches their messages for them:
+// in-process ranks without a spinner (SetSpinner).
+func (e *Engine) parksOnly() bool { return !e.poll.active() && e.inbox == nil }
 
 // waitSize is the largest message a wait for r is for, as the in-process
 // spinner weighs it (btl.Spinner.SpinFor): a receive's capacity, 0 for
