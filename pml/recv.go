@@ -123,14 +123,37 @@ func (e *Engine) deliverInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byt
 	if m.Seq != ps.expect || ps.ooo != nil {
 		return false
 	}
-	r := c.m.findPosted(int(m.Src), int(m.Tag))
-	if r == nil || r.kind != kindRecv {
+	r := c.m.takeFirst(int(m.Src), int(m.Tag))
+	if r == nil {
 		return false
 	}
 	ps.expect++
-	c.m.unpost(r)
-	e.deliverEager(r, p, int(m.Src), int(m.Tag), data)
+	if s := r.sink; s != nil && r.buf.Conv == nil && len(data) <= len(r.buf.Bytes) && !e.countStats {
+		e.deliverToSinkLocked(r, s, int(m.Src), int(m.Tag), data)
+	} else {
+		e.deliverEager(r, p, int(m.Src), int(m.Tag), data)
+	}
 	return true
+}
+
+// deliverToSinkLocked is deliverEager for the receive of an mpi.Irecv
+// whose message fits (a sink, a contiguous buffer at least as long as the
+// data, statistics off): it writes only what a holder of r reads (Result)
+// besides the sink, and a request it gives back is cleaned by resetPosted.
+// Half the instructions of the general path per message (callgrind).
+// e.mu held.
+func (e *Engine) deliverToSinkLocked(r *Request, s *Sink, src, tag int, data []byte) {
+	n := copy(r.buf.Bytes, data)
+	r.mpiDone = true
+	r.status = Status{Source: src, Tag: tag, Count: n}
+	parks := r.parks
+	s.Source, s.Tag, s.Count = int32(src), int32(tag), uint32(n) // eager data is far below 4 GiB
+	free := s.gone(false)
+	r.notify(parks)
+	if free && r.owned && len(e.free) < freeMax {
+		r.resetPosted()
+		e.free = append(e.free, r)
+	}
 }
 
 // onMatchingRun takes a run of MATCH fragments from one endpoint (a

@@ -1,0 +1,78 @@
+package sm
+
+import (
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"testing"
+
+	"github.com/gompi-org/gompi/pml"
+)
+
+// TestCGWindow runs CG_WINDOWS windows of the receiver's work in
+// gompi-bench rate 8 B (see BenchmarkPMLRecvSinkWindow), the sending and
+// the receiving halves in separate functions, for an instruction counter
+// (valgrind --tool=callgrind --toggle-collect=*cgRecv*).
+func TestCGWindow(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("CG_WINDOWS"))
+	if n == 0 {
+		t.Skip("CG_WINDOWS not set")
+	}
+	c0, c1 := pmlPair(t, [2]string{"pml_wait_spin", "1s"})
+	w := &cgWin{sb: pml.Buffer{Bytes: make([]byte, 8)}, rb: pml.Buffer{Bytes: make([]byte, 8)}}
+	runtime.GC() // none in the counted windows: the loop allocates nothing
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	for range n {
+		cgSend(t, c0, w)
+		cgRecv(t, c1, w)
+	}
+}
+
+type cgWin struct {
+	sb, rb pml.Buffer
+	reqs   [64]*pml.Request
+	sinks  [64]pml.Sink
+	back   []*pml.Request
+}
+
+//go:noinline
+func cgSend(t *testing.T, c0 *pml.Comm, w *cgWin) {
+	for range w.reqs {
+		if r, err := c0.IsendNow(w.sb, 1, 1, pml.Standard); err != nil || r != nil {
+			t.Fatal(err, r)
+		}
+	}
+}
+
+//go:noinline
+func cgRecv(t *testing.T, c1 *pml.Comm, w *cgWin) {
+	var err error
+	for i := range w.reqs {
+		s := &w.sinks[i]
+		*s = pml.Sink{}
+		s.State.Init(pml.SinkMode)
+		if w.reqs[i], err = c1.IrecvSink(w.rb, 0, 1, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.back = w.back[:0]
+	for i, r := range w.reqs {
+		s := &w.sinks[i]
+		if s.State.Load()&pml.SinkGone == 0 {
+			s.State.Add(1)
+			if s.State.Load()&pml.SinkGone == 0 {
+				if err := c1.Engine().Wait(nil, r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if x := s.ReleaseKeep(r); x != nil {
+				w.back = append(w.back, x)
+			}
+		}
+		if _, err := s.Result(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c1.Engine().RecycleAll(w.back)
+}
