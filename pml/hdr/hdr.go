@@ -166,6 +166,18 @@ func (h *Match) Decode(b []byte) error {
 	return nil
 }
 
+// DecodeMatch decodes b into h when b is a MATCH header (at least
+// MatchLen bytes of type MATCH) and reports whether it was; it is small
+// enough to be inlined into a receive loop. Decode says what is wrong
+// with anything else.
+func (h *Match) DecodeMatch(b []byte) bool {
+	if len(b) < MatchLen || Type(b[0]) != TypeMatch {
+		return false
+	}
+	h.get(b)
+	return true
+}
+
 func notMatching(t byte) error {
 	return fmt.Errorf("%w: type byte %#x is not a matching header", ErrMalformed, t)
 }
