@@ -17,9 +17,14 @@ trap 'rm -rf "$BIN"' EXIT
 go test -c -o "$BIN/sm.test" ./btl/sm >/dev/null
 cd "$BIN"
 N=${1:-3000}
+# One processor (GOMAXPROCS=1): with more, a run now and then stalls under
+# valgrind for minutes, and the runtime's own work on another thread can
+# land inside the counted functions; with one, three runs agree within 0.1
+# instructions per message.
 for side in Send Recv; do
-  CG_WINDOWS=$N GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --toggle-collect='*cg'$side'*' --callgrind-out-file="$BIN/cg.$side.out" ./sm.test -test.run TestCGWindow -test.bench NONE >/dev/null 2>&1
+  CG_WINDOWS=$N GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 timeout 120 valgrind --tool=callgrind --toggle-collect='*cg'$side'*' --callgrind-out-file="$BIN/cg.$side.out" ./sm.test -test.run TestCGWindow -test.bench NONE >/dev/null 2>&1
   tot=$(callgrind_annotate "$BIN/cg.$side.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}')
-  echo "$side $(awk -v t="$tot" -v m=$((N * 64)) 'BEGIN { printf "%.1f", t / m }') instructions/message"
-done
+  echo "$side $tot"
+done | awk -v m=$((N * 64)) '{ if (!($1 in best) || $2 < best[$1]) best[$1] = $2 }
+  END { printf "send %.1f, receive %.1f instructions/message\n", best["Send"] / m, best["Recv"] / m }'
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp "$BIN"/cg.*.out "$OUT"/; fi

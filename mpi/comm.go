@@ -292,21 +292,31 @@ func (c *Comm) sentRequest(dest, tag, n int) *Request {
 
 // Irecv starts a receive; buf must not be touched until the request completes.
 func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
-	mem, plain := buf.([]byte)
-	var conv pml.Convertor
-	if !plain || !c.fast(source, tag) {
-		var err error
-		if mem, conv, err = c.args(buf, source, tag, false); err != nil {
-			return nil, err
-		}
+	// Bytes from a specific source with a valid tag, the common case, on
+	// a straight line; the rest is irecv's.
+	if mem, plain := buf.([]byte); plain && c.fast(source, tag) {
+		return c.irecvSink(pml.Buffer{Bytes: mem}, source, tag)
+	}
+	return c.irecv(buf, source, tag)
+}
+
+func (c *Comm) irecv(buf any, source, tag int) (*Request, error) {
+	mem, conv, err := c.args(buf, source, tag, false)
+	if err != nil {
+		return nil, err
 	}
 	if source == ProcNull {
 		return doneRequest(nullStatus), nil
 	}
+	return c.irecvSink(pml.Buffer{Bytes: mem, Conv: conv}, source, tag)
+}
+
+// irecvSink posts the receive with a sink in a new Request.
+func (c *Comm) irecvSink(buf pml.Buffer, source, tag int) (*Request, error) {
 	// The sink gets the result: sink mode, set before IrecvSink shares r.
 	r := c.newReq()
 	r.s.State.Init(sinkBit)
-	pr, err := c.pc.IrecvSink(pml.Buffer{Bytes: mem, Conv: conv}, source, tag, &r.s)
+	pr, err := c.pc.IrecvSink(buf, source, tag, &r.s)
 	if err != nil {
 		return nil, err
 	}
