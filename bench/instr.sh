@@ -2,7 +2,8 @@
 # instr.sh - instructions per message of the sending and the receiving halves
 # of a gompi-bench rate 8 B window (64 eager sends over sm, then 64 receives
 # with sinks and their waits, as mpi.Irecv and mpi.WaitallInto make them),
-# counted by valgrind's callgrind in btl/sm's TestCGWindow on one goroutine.
+# and of an 8-byte ping-pong, counted by valgrind's callgrind in btl/sm's
+# TestCGWindow and TestCGRoundTrip on one goroutine.
 # A count, not a time: the same build gives the same figure to the tenth, so
 # a change of a few instructions shows where timings on this machine drown
 # it in noise. Needs valgrind (apt-get install -y valgrind). Run from the
@@ -10,7 +11,7 @@
 #
 # Usage: bench/instr.sh [WINDOWS]   (default 3000)
 #   OUT=DIR bench/instr.sh   also keeps the profiles (DIR/cg.Send.out,
-#     DIR/cg.Recv.out) for callgrind_annotate --auto=yes
+#     DIR/cg.Recv.out, DIR/cg.Round.out) for callgrind_annotate --auto=yes
 set -euo pipefail
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
@@ -27,4 +28,9 @@ for side in Send Recv; do
   echo "$side $tot"
 done | awk -v m=$((N * 64)) '{ if (!($1 in best) || $2 < best[$1]) best[$1] = $2 }
   END { printf "send %.1f, receive %.1f instructions/message\n", best["Send"] / m, best["Recv"] / m }'
+# The 8-byte ping-pong of gompi-bench latency, both sides on one goroutine
+# (TestCGRoundTrip): per message, the blocking Send's and Recv's work.
+R=$((N * 30))
+CG_ROUNDS=$R GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 timeout 120 valgrind --tool=callgrind --toggle-collect='*cgRound*' --callgrind-out-file="$BIN/cg.Round.out" ./sm.test -test.run TestCGRoundTrip -test.bench NONE >/dev/null 2>&1
+callgrind_annotate "$BIN/cg.Round.out" 2>/dev/null | awk -v m=$((R * 2)) '/PROGRAM TOTALS/ { gsub(",", "", $1); printf "ping-pong 8 B: %.1f instructions/message (send and receive)\n", $1 / m }'
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp "$BIN"/cg.*.out "$OUT"/; fi

@@ -12,8 +12,28 @@ import (
 // ---- inbound matching fragments ----
 
 // onMatching handles MATCH, RNDV and RGET: admission in sequence order,
-// then matching against posted receives.
+// then matching against posted receives. The common MATCH, in sequence
+// for a posted receive, goes straight to deliverInOrderLocked; anything
+// else (and any fault) is onMatchingFrag's.
 func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
+	var m hdr.Match
+	if m.DecodeMatch(b) {
+		p := e.peerOf(ep)
+		e.mu.Lock()
+		if p != nil && e.closed == nil {
+			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, ep.Peer()) && e.deliverInOrderLocked(c, &m, p, data) {
+				e.mu.Unlock()
+				return
+			}
+		}
+		e.mu.Unlock()
+	}
+	e.onMatchingFrag(ep, b, data)
+}
+
+// onMatchingFrag is onMatching's general case: the header decoded by type
+// into a frag, which is delivered, parked or queued as unexpected.
+func (e *Engine) onMatchingFrag(ep btl.Endpoint, b, data []byte) {
 	var f frag // decoded here, then copied into e.scratch under the lock (f must not escape)
 	if len(b) == 0 {
 		e.protocolError(ep, "empty header on a matching tag")
@@ -129,19 +149,24 @@ func (e *Engine) deliverInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byt
 		return false
 	}
 	ps.expect++
-	s := r.sink
-	if s == nil || r.buf.Conv != nil || len(data) > len(r.buf.Bytes) || e.countStats {
+	if r.buf.Conv != nil || len(data) > len(r.buf.Bytes) || e.countStats {
 		e.deliverEager(r, p, src, tag, data)
 		return true
 	}
-	// The receive of an mpi.Irecv whose message fits, in place: only
-	// what a holder of r reads (Result) is written besides the sink, and
-	// a request given back is cleaned by resetPosted. Half the
+	// A receive whose message fits, in place: only what its holder reads
+	// (Result, or the sink of an mpi.Irecv) is written, and a request
+	// given back from here is cleaned by resetPosted. Half the
 	// instructions of deliverEager per message (bench/instr.sh).
 	n := copy(r.buf.Bytes, data)
 	r.mpiDone = true
 	r.status = Status{Source: src, Tag: tag, Count: n}
 	parks := r.parks
+	s := r.sink
+	if s == nil { // a blocking Recv's, say: its poster resets it before reuse
+		r.done.Store(r.gen + 1)
+		r.notify(parks)
+		return true
+	}
 	s.Source, s.Tag, s.Count = int32(src), int32(tag), uint32(n) // eager data is far below 4 GiB
 	free := s.gone(false)
 	r.notify(parks)
@@ -662,9 +687,11 @@ func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	e := c.e
 	r := e.takeSpare()
 	r.parks = e.parksOnly() // Wait parks at once (spinWait)
-	if _, err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv, nil); err != nil {
-		recycleUnstarted(r)
-		return Status{}, err
+	if buf.Conv != nil || c.postPlain(r, buf.Bytes, src, tag, nil) == nil {
+		if _, err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv, nil); err != nil {
+			recycleUnstarted(r)
+			return Status{}, err
+		}
 	}
 	e.Wait(nil, r)
 	st, err := r.status, r.err
@@ -719,6 +746,43 @@ func (e *Engine) putSpare(r *Request) {
 	if !e.spare.CompareAndSwap(nil, r) {
 		spares.Put(r)
 	}
+}
+
+// postPlain is postRecv's common case under one hold of the lock: a
+// receive of contiguous bytes from a specific source and tag, with
+// nothing unexpected, failed, closed or to start in the way. r is a clean
+// request, or nil for one from the free list (an Irecv's, which counts
+// for yieldEvery). It returns the request posted, or nil with nothing
+// changed when the case does not apply (postRecv then checks it all).
+func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *Sink) *Request {
+	e := c.e
+	if uint(src) >= uint(len(c.group)) || tag < 0 {
+		return nil
+	}
+	e.mu.Lock()
+	if c.m.uAll.head != nil || len(e.toStart) > 0 || e.troubled.Load() || c.check() != nil {
+		e.mu.Unlock()
+		return nil
+	}
+	irecv := r == nil
+	if irecv {
+		n := len(e.free)
+		if n == 0 {
+			e.mu.Unlock()
+			return nil
+		}
+		r = e.free[n-1]
+		e.free[n-1] = nil
+		e.free = e.free[:n-1]
+	}
+	r.kind, r.comm, r.peer, r.tag, r.buf.Bytes, r.sink = kindRecv, c, src, tag, b, s
+	c.m.postSpecific(r)
+	yielding := irecv && r.postSeq&(yieldEvery-1) == yieldEvery-1
+	e.mu.Unlock()
+	if yielding {
+		yield()
+	}
+	return r
 }
 
 // setRecv fills in a receive's fields.

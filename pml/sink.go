@@ -128,26 +128,10 @@ func (s *Sink) ReleaseKeep(r *Request) *Request {
 // hold SinkMode and nothing else. The request returned must not be used
 // once s is gone: it may be back in the free list.
 func (c *Comm) IrecvSink(buf Buffer, src, tag int, s *Sink) (*Request, error) {
-	// The common case in place: a contiguous buffer, a specific source
-	// and tag, a clean request at hand and nothing unexpected, failed or
-	// to start; anything else goes to postRecv, which checks it all.
-	e := c.e
-	if buf.Conv == nil && uint(src) < uint(len(c.group)) && tag >= 0 {
-		e.mu.Lock()
-		if n := len(e.free); n > 0 && c.m.uAll.head == nil && len(e.toStart) == 0 && !e.troubled.Load() && c.check() == nil {
-			r := e.free[n-1]
-			e.free[n-1] = nil
-			e.free = e.free[:n-1]
-			r.kind, r.comm, r.peer, r.tag, r.buf.Bytes, r.sink = kindRecv, c, src, tag, buf.Bytes, s
-			c.m.postSpecific(r)
-			yielding := r.postSeq&(yieldEvery-1) == yieldEvery-1
-			e.mu.Unlock()
-			if yielding {
-				yield()
-			}
+	if buf.Conv == nil {
+		if r := c.postPlain(nil, buf.Bytes, src, tag, s); r != nil {
 			return r, nil
 		}
-		e.mu.Unlock()
 	}
 	return c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv, s)
 }

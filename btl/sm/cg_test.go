@@ -91,3 +91,37 @@ func cgRecv(t *testing.T, c1 *pml.Comm, w *cgWin) {
 	}
 	c1.Engine().RecycleAll(w.back)
 }
+
+// TestCGRoundTrip runs CG_ROUNDS round trips of an 8-byte ping-pong (the
+// blocking Send and Recv of gompi-bench latency) on one goroutine, each in
+// cgRound, for an instruction counter (bench/instr.sh).
+func TestCGRoundTrip(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("CG_ROUNDS"))
+	if n == 0 {
+		t.Skip("CG_ROUNDS not set")
+	}
+	c0, c1 := pmlPair(t, [2]string{"pml_wait_spin", "1s"})
+	b0, b1 := pml.Buffer{Bytes: make([]byte, 8)}, pml.Buffer{Bytes: make([]byte, 8)}
+	growStack(64)
+	runtime.GC()
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	for range n {
+		cgRound(t, c0, c1, b0, b1)
+	}
+}
+
+//go:noinline
+func cgRound(t *testing.T, c0, c1 *pml.Comm, b0, b1 pml.Buffer) {
+	if err := c0.Send(b0, 1, 1, pml.Standard); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c1.Recv(b1, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c1.Send(b1, 0, 1, pml.Standard); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c0.Recv(b0, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+}
