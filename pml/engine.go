@@ -200,6 +200,11 @@ func (e *Engine) peerOf(ep btl.Endpoint) *peer {
 	if p := e.peers[r].Load(); p != nil && p.ep != nil {
 		return p
 	}
+	return e.newPeerOf(ep, r)
+}
+
+// newPeerOf is peerOf for a sender without a peer yet (rank r, in range).
+func (e *Engine) newPeerOf(ep btl.Endpoint, r int) *peer {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	p := e.peers[r].Load()

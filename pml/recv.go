@@ -21,7 +21,7 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 		p := e.peerOf(ep)
 		e.mu.Lock()
 		if p != nil && e.closed == nil {
-			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, ep.Peer()) && e.deliverInOrderLocked(c, &m, p, data) {
+			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, p.world) && e.deliverInOrderLocked(c, &m, p, data) {
 				e.mu.Unlock()
 				return
 			}
