@@ -140,20 +140,24 @@ func (m *Module) pollBox(b *rxBox, budget int) int {
 		// the ring's size is a multiple of entryAlign); anything else
 		// goes through decodeEntry, which names the fault. Half of
 		// decodeEntry's instructions per message (bench/instr.sh).
-		if hn, ln := int(uint16(w>>32)), int(uint16(w>>48)); uint8(w>>16) == entryInline && uint16(w) == seq &&
-			ln <= b.inlineLimit && hn <= ln && phys+entryHdr+ln <= b.size {
-			e.kind, e.tag, e.hdrLen, e.n, e.next = entryInline, uint8(w>>24), hn, ln, alignUp(entryHdr+ln, entryAlign)
-		} else if err := decodeEntry(&e, w, phys, b.size, b.inlineLimit, seq); err != nil {
-			run = m.flushRun(b, run, runTag)
-			m.fail(b.p, protoErr(b.p, err))
-			break
+		// The checks against len(b.ring) (b.size) let the compiler drop
+		// the slicing's own.
+		kind, hn, ln := uint8(w>>16), int(uint16(w>>32)), int(uint16(w>>48))
+		next := alignUp(entryHdr+ln, entryAlign)
+		if kind != entryInline || uint16(w) != seq || ln > b.inlineLimit || hn > ln || phys+entryHdr+ln > len(b.ring) {
+			if err := decodeEntry(&e, w, phys, b.size, b.inlineLimit, seq); err != nil {
+				run = m.flushRun(b, run, runTag)
+				m.fail(b.p, protoErr(b.p, err))
+				break
+			}
+			kind, hn, ln, next = e.kind, e.hdrLen, e.n, e.next
 		}
 		seq++
-		switch e.kind {
+		switch kind {
 		case entryInline:
-			ent := b.ring[phys+entryHdr : phys+entryHdr+e.n : phys+entryHdr+e.n]
-			h, data := ent[:e.hdrLen:e.hdrLen], ent[e.hdrLen:]
-			tag := btl.Tag(e.tag)
+			ent := b.ring[phys+entryHdr : phys+entryHdr+ln : phys+entryHdr+ln]
+			h, data := ent[:hn:hn], ent[hn:]
+			tag := btl.Tag(w >> 24)
 			if run > 0 && tag != runTag {
 				run = m.flushRun(b, run, runTag)
 			}
@@ -167,19 +171,19 @@ func (m *Module) pollBox(b *rxBox, budget int) int {
 				// Runs gather from the second on.
 				m.env.Dispatch.Dispatch(b.p.ep, tag, h, data)
 			}
-			bytes += e.n
+			bytes += ln
 			n++
 		case entryFrag:
 			run = m.flushRun(b, run, runTag)
-			k, ok := m.recvFrag(b.p, e.n, false)
+			k, ok := m.recvFrag(b.p, ln, false)
 			if !ok {
 				budget = 0 // the peer is failed: stop here
 			}
 			bytes += k
 			n++
 		}
-		pos += uint64(e.next)
-		if pos&(line-1) == 0 && (n == 1 || e.next > line) {
+		pos += uint64(next)
+		if pos&(line-1) == 0 && (n == 1 || next > line) {
 			// The next entry starts a new cache line, which the sender
 			// dirtied when it zeroed that header: reading it now is a
 			// transfer between cores before this call can return to the
