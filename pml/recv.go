@@ -21,7 +21,7 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 		p := e.peerOf(ep)
 		e.mu.Lock()
 		if p != nil && e.closed == nil {
-			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, p.world) && e.deliverInOrderLocked(c, &m, p, data) {
+			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, p.world) && e.deliverInOrderLocked(c, m.Src, m.Tag, m.Seq, p, data) {
 				e.mu.Unlock()
 				return
 			}
@@ -101,7 +101,7 @@ func (e *Engine) onMatchingFrag(ep btl.Endpoint, b, data []byte) {
 		e.protocolError(ep, "source rank %d does not belong to rank %d in context %d", f.m.Src, ep.Peer(), f.m.Ctx)
 		return
 	}
-	if f.typ == hdr.TypeMatch && e.deliverInOrderLocked(c, &f.m, f.peer, data) {
+	if f.typ == hdr.TypeMatch && e.deliverInOrderLocked(c, f.m.Src, f.m.Tag, f.m.Seq, f.peer, data) {
 		e.mu.Unlock()
 		return
 	}
@@ -133,17 +133,18 @@ func (c *Comm) fromRank(src int32, world int) bool {
 	return int(src) >= 0 && int(src) < len(c.group) && c.group[src] == world
 }
 
-// deliverInOrderLocked is the common case of a MATCH fragment, without
-// the general path's copies: eager data from peer p for communicator c,
-// in sequence with nothing waiting behind it, for a posted receive (not a
-// probe). It reports whether it delivered; false changes nothing. m's
-// source is checked against c's group by the caller. Called with e.mu held.
-func (e *Engine) deliverInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byte) bool {
-	ps := &c.seqs[m.Src]
-	if m.Seq != ps.expect || ps.ooo != nil {
+// deliverInOrderLocked is the common case of a MATCH fragment (source,
+// tag and sequence number of its header), without the general path's
+// copies: eager data from peer p for communicator c, in sequence with
+// nothing waiting behind it, for a posted receive (not a probe). It
+// reports whether it delivered; false changes nothing. The source is
+// checked against c's group by the caller. Called with e.mu held.
+func (e *Engine) deliverInOrderLocked(c *Comm, src32, tag32 int32, seq uint16, p *peer, data []byte) bool {
+	ps := &c.seqs[src32]
+	if seq != ps.expect || ps.ooo != nil {
 		return false
 	}
-	src, tag := int(m.Src), int(m.Tag)
+	src, tag := int(src32), int(tag32)
 	r := c.m.takeFirst(src, tag)
 	if r == nil {
 		return false
@@ -195,7 +196,7 @@ func (e *Engine) onMatchingRun(ep btl.Endpoint, hdrs, datas [][]byte) {
 	e.mu.Lock()
 	for i, b := range hdrs {
 		if known && e.closed == nil && m.DecodeMatch(b) {
-			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, r) && e.deliverInOrderLocked(c, &m, p, datas[i]) {
+			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, r) && e.deliverInOrderLocked(c, m.Src, m.Tag, m.Seq, p, datas[i]) {
 				continue
 			}
 		}
