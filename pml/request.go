@@ -473,7 +473,7 @@ func (r *Request) reset() {
 }
 
 // resetPosted is reset for a request taken from the free list, posted by
-// IrecvSink and completed by deliverInOrderLocked's sink path, which
+// postPlain and completed by deliverInOrderLocked's sink path, which
 // between them write only the fields cleared here (a Wait may have stored
 // w): a seventh of reset's stores. Tests check that it leaves r as reset
 // would (SetResetCheck).

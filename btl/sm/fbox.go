@@ -207,8 +207,8 @@ func (b *txBox) putInline(tag uint8, h *header, data []byte) error {
 // putWords is putInline for a 16-byte header given as two words whose
 // entry fits in room known to be free and within one cache line (data up
 // to 40 bytes, within the inline limit of the smallest box): false, with
-// nothing written, otherwise. A third of
-// putInline's instructions with the callers' (bench/instr.sh).
+// nothing written, otherwise. With SendImmediateHeader's short path, 124
+// fewer instructions a message than putInline's (bench/instr.sh).
 func (b *txBox) putWords(tag uint8, h0, h1 uint64, data []byte) bool {
 	n := 16 + len(data)
 	need := uint64(alignUp(entryHdr+n, entryAlign))
