@@ -139,7 +139,7 @@ func (c *Comm) Dup() (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Comm{in: c.in, pc: pc}, nil
+	return newComm(c.in, pc), nil
 }
 
 // Split partitions c: ranks that pass the same color form a new
@@ -186,7 +186,7 @@ func (c *Comm) Split(color, key int) (*Comm, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Comm{in: c.in, pc: pc}, nil
+	return newComm(c.in, pc), nil
 }
 
 // Free releases a communicator made by Dup or Split. Later calls on it

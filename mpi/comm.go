@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/pml"
@@ -19,9 +20,39 @@ type Comm struct {
 	// sent is the request of the last send that completed within its
 	// Isend: see sentRequest.
 	sent atomic.Pointer[Request]
-	// slab hands out the Requests of Irecv and of sends that did not
-	// complete at once: see newReq.
+	// slab hands out the Requests of sends that did not complete at once
+	// and of Irecvs the PML's common path did not take: see newReq.
 	slab atomic.Pointer[reqSlab]
+	// rslab and rnext hand out those of the Irecvs it took, with no
+	// atomic: only allocSink touches them, called by the engine with its
+	// lock held (pml.Comm.IrecvAlloc). alloc is allocSink, made once.
+	rslab *reqSlab
+	rnext int
+	alloc func() *pml.Sink
+}
+
+func newComm(in *instance, pc *pml.Comm) *Comm {
+	c := &Comm{in: in, pc: pc}
+	c.alloc = c.allocSink
+	return c
+}
+
+// A sink must be its Request's first field (allocSink): a non-zero
+// offset makes this constant negative, which does not compile.
+const _ = -unsafe.Offsetof(Request{}.s)
+
+// allocSink returns the sink of a zero Request from rslab, in sink mode:
+// the Request is the sink's container. Called with the engine's lock
+// held. Taking Irecv's Request here saves the slab's atomic add, a locked
+// instruction per Irecv (docs/PERFORMANCE.md, twelfth session, item 6).
+func (c *Comm) allocSink() *pml.Sink {
+	if c.rslab == nil || c.rnext == len(c.rslab.reqs) {
+		c.rslab, c.rnext = new(reqSlab), 0
+	}
+	r := &c.rslab.reqs[c.rnext]
+	c.rnext++
+	r.s.State.Init(sinkBit)
+	return &r.s
 }
 
 // reqSlab is a block of Requests handed out in order.
@@ -295,6 +326,11 @@ func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
 	// Bytes from a specific source with a valid tag, the common case, on
 	// a straight line; the rest is irecv's.
 	if mem, plain := buf.([]byte); plain && c.fast(source, tag) {
+		if pr, s := c.pc.IrecvAlloc(mem, source, tag, c.alloc); pr != nil {
+			r := (*Request)(unsafe.Pointer(s))
+			r.p = pr
+			return r, nil
+		}
 		return c.irecvSink(pml.Buffer{Bytes: mem}, source, tag)
 	}
 	return c.irecv(buf, source, tag)

@@ -253,7 +253,7 @@ func (in *instance) connect() error {
 	if err != nil {
 		return err
 	}
-	in.world = &Comm{in: in, pc: pc}
+	in.world = newComm(in, pc)
 	in.engine.Start()
 	return nil
 }

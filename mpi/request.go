@@ -21,11 +21,6 @@ import (
 // it touches the PML request, and only an unused one is given back (MPI
 // calls waiting twice on one request erroneous; gompi allows it).
 type Request struct {
-	// p is the PML request, set at creation and never changed (nil for a
-	// request done at once); once the sink is gone, p may be back in the
-	// pool (and another's) and is not touched. A plain p saves an atomic
-	// store, a locked instruction, per nonblocking call.
-	p *pml.Request
 	// The result (source, tag, count; an error or a count beyond 32 bits
 	// boxed in Extra) and State: the calls touching *p right now (low
 	// bits), taken (one call copies the result and gives p back), gone
@@ -34,8 +29,14 @@ type Request struct {
 	// finishing costs few locked instructions. 32 bytes in all: the one
 	// allocation of a nonblocking call, whose bytes set the garbage
 	// collector's pace in a message-rate loop (48 -> 32 bytes: sm rate 8 B
-	// +8%, docs/PERFORMANCE.md, "Fifth session").
+	// +8%, docs/PERFORMANCE.md, "Fifth session"). First: an Irecv's
+	// Request is found from its sink (Comm.allocSink).
 	s pml.Sink
+	// p is the PML request, set at creation and never changed (nil for a
+	// request done at once); once the sink is gone, p may be back in the
+	// pool (and another's) and is not touched. A plain p saves an atomic
+	// store, a locked instruction, per nonblocking call.
+	p *pml.Request
 }
 
 const (

@@ -756,25 +756,36 @@ func (e *Engine) putSpare(r *Request) {
 // for yieldEvery). It returns the request posted, or nil with nothing
 // changed when the case does not apply (postRecv then checks it all).
 func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *Sink) *Request {
+	r, _ = c.postPlainAlloc(r, b, src, tag, s, nil)
+	return r
+}
+
+// postPlainAlloc is postPlain whose sink, when s is nil and alloc is not,
+// comes from alloc, called with the lock held once the receive is sure to
+// be posted. It returns the sink used too.
+func (c *Comm) postPlainAlloc(r *Request, b []byte, src, tag int, s *Sink, alloc func() *Sink) (*Request, *Sink) {
 	e := c.e
 	if uint(src) >= uint(len(c.group)) || tag < 0 {
-		return nil
+		return nil, nil
 	}
 	e.mu.Lock()
 	if c.m.uAll.head != nil || len(e.toStart) > 0 || e.troubled.Load() || c.check() != nil {
 		e.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	irecv := r == nil
 	if irecv {
 		n := len(e.free)
 		if n == 0 {
 			e.mu.Unlock()
-			return nil
+			return nil, nil
 		}
 		r = e.free[n-1]
 		e.free[n-1] = nil
 		e.free = e.free[:n-1]
+	}
+	if s == nil && alloc != nil {
+		s = alloc()
 	}
 	r.kind, r.comm, r.peer, r.tag, r.buf.Bytes, r.sink = kindRecv, c, src, tag, b, s
 	c.m.postSpecific(r)
@@ -783,7 +794,7 @@ func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *Sink) *Request {
 	if yielding {
 		yield()
 	}
-	return r
+	return r, s
 }
 
 // setRecv fills in a receive's fields.

@@ -135,3 +135,15 @@ func (c *Comm) IrecvSink(buf Buffer, src, tag int, s *Sink) (*Request, error) {
 	}
 	return c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv, s)
 }
+
+// IrecvAlloc is IrecvSink's common case (a receive of contiguous bytes
+// from a specific source and tag with nothing in the way) for an owner
+// whose sinks come from alloc: the engine calls alloc with its lock held,
+// once the receive is sure to be posted, so that calls for one
+// communicator never overlap and alloc needs no atomic of its own. The
+// sink returned must hold SinkMode and nothing else. It returns the
+// request and its sink, or nil, nil with nothing done when the case does
+// not apply (IrecvSink then takes it).
+func (c *Comm) IrecvAlloc(b []byte, src, tag int, alloc func() *Sink) (*Request, *Sink) {
+	return c.postPlainAlloc(nil, b, src, tag, nil, alloc)
+}
