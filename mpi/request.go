@@ -319,8 +319,9 @@ func WaitallInto(reqs []*Request, sts []Status) error {
 		}
 		// The result already here without an error (an eager send done at
 		// once, an Irecv whose sink the engine filled): read in place,
-		// nothing to wait for or give back. A tenth of waitAlone's
-		// instructions for the common request of a window (callgrind).
+		// nothing to wait for or give back: about 30 instructions a
+		// request of a rate window, against about 100 through waitAlone
+		// (callgrind of gompi-bench rate 8 B under gorun).
 		if s := r.s.State.Load(); (r.p == nil || s&goneBit != 0) && r.s.Extra == nil {
 			if sts != nil {
 				sts[i] = Status{Source: int(r.s.Source), Tag: int(r.s.Tag), Count: int(r.s.Count), Cancelled: s&cancelledBit != 0}

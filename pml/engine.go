@@ -574,13 +574,22 @@ func (e *Engine) RecycleAll(rs []*Request) {
 // takeFreeLocked returns a clean receive request: from the free list, or
 // the pool. Called with e.mu held.
 func (e *Engine) takeFreeLocked() *Request {
-	if n := len(e.free); n > 0 {
-		r := e.free[n-1]
-		e.free[n-1] = nil
-		e.free = e.free[:n-1]
+	if r := e.popFreeLocked(); r != nil {
 		return r
 	}
 	return newReq(true)
+}
+
+// popFreeLocked takes a request from the free list, nil when it is empty.
+func (e *Engine) popFreeLocked() *Request {
+	n := len(e.free)
+	if n == 0 {
+		return nil
+	}
+	r := e.free[n-1]
+	e.free[n-1] = nil
+	e.free = e.free[:n-1]
+	return r
 }
 
 // recycle gives r back to the pool once it is done.

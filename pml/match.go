@@ -183,7 +183,8 @@ func (m *matchState) sweep() {
 // matching (src, tag), or returns nil and changes nothing when there is
 // none or a probe comes first. Its common case, the head of the list used
 // last with no wildcard receive posted from src or from anyone, is
-// handled in place: findPosted and unpost cost twice the instructions.
+// handled in place: 51 instructions a message against findPosted's and
+// unpost's 76 (bench/instr.sh).
 func (m *matchState) takeFirst(src, tag int) *Request {
 	if l := m.hot; l != nil && m.hotKey == (key{int32(src), int32(tag)}) && m.wild.head == nil && m.srcAny[src].head == nil {
 		r := l.head

@@ -12,27 +12,35 @@ import (
 // ---- inbound matching fragments ----
 
 // onMatching handles MATCH, RNDV and RGET: admission in sequence order,
-// then matching against posted receives. The common MATCH, in sequence
-// for a posted receive, goes straight to deliverInOrderLocked; anything
-// else (and any fault) is onMatchingFrag's.
+// then matching against posted receives. A well-formed MATCH is decoded
+// in place and, when in sequence for a posted receive, delivered by
+// deliverInOrderLocked without building a frag; anything else goes to
+// admitLocked under the same hold of the lock. Other types (and faults)
+// are onMatchingFrag's.
 func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 	var m hdr.Match
-	if m.DecodeMatch(b) {
-		p := e.peerOf(ep)
-		e.mu.Lock()
-		if p != nil && e.closed == nil {
-			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, p.world) && e.deliverInOrderLocked(c, m.Src, m.Tag, m.Seq, p, data) {
-				e.mu.Unlock()
-				return
-			}
-		}
-		e.mu.Unlock()
+	if !m.DecodeMatch(b) {
+		e.onMatchingFrag(ep, b, data)
+		return
 	}
-	e.onMatchingFrag(ep, b, data)
+	p := e.peerOf(ep)
+	if p == nil {
+		e.protocolError(ep, "fragment from a rank without a transport")
+		return
+	}
+	e.mu.Lock()
+	if e.closed == nil {
+		if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, p.world) && e.deliverInOrderLocked(c, m.Src, m.Tag, m.Seq, p, data) {
+			e.mu.Unlock()
+			return
+		}
+	}
+	f := frag{typ: hdr.TypeMatch, m: m, msgLen: len(data), data: data, peer: p}
+	e.admitLocked(ep, &f, true)
 }
 
-// onMatchingFrag is onMatching's general case: the header decoded by type
-// into a frag, which is delivered, parked or queued as unexpected.
+// onMatchingFrag is onMatching for the other types and for malformed
+// headers: decoded by type into a frag, then admitted.
 func (e *Engine) onMatchingFrag(ep btl.Endpoint, b, data []byte) {
 	var f frag // decoded here, then copied into e.scratch under the lock (f must not escape)
 	if len(b) == 0 {
@@ -79,8 +87,16 @@ func (e *Engine) onMatchingFrag(ep btl.Endpoint, b, data []byte) {
 		e.protocolError(ep, "fragment from a rank without a transport")
 		return
 	}
-
 	e.mu.Lock()
+	e.admitLocked(ep, &f, false)
+}
+
+// admitLocked takes f, a decoded matching fragment with its peer, with
+// e.mu held, and releases the lock: dropped when the engine is closed,
+// parked when its communicator does not exist here yet, refused when its
+// source does not belong to its sender, otherwise delivered or queued in
+// sequence order. inOrderTried: deliverInOrderLocked already declined it.
+func (e *Engine) admitLocked(ep btl.Endpoint, f *frag, inOrderTried bool) {
 	if e.closed != nil {
 		e.mu.Unlock()
 		return
@@ -90,7 +106,7 @@ func (e *Engine) onMatchingFrag(ep btl.Endpoint, b, data []byte) {
 		// The communicator does not exist here yet (a peer finished Dup
 		// first): keep the fragment until NewComm.
 		sf := &e.scratch
-		*sf = f
+		*sf = *f
 		e.parked = append(e.parked, e.copyFrag(sf))
 		*sf = frag{}
 		e.mu.Unlock()
@@ -101,12 +117,12 @@ func (e *Engine) onMatchingFrag(ep btl.Endpoint, b, data []byte) {
 		e.protocolError(ep, "source rank %d does not belong to rank %d in context %d", f.m.Src, ep.Peer(), f.m.Ctx)
 		return
 	}
-	if f.typ == hdr.TypeMatch && e.deliverInOrderLocked(c, f.m.Src, f.m.Tag, f.m.Seq, f.peer, data) {
+	if !inOrderTried && f.typ == hdr.TypeMatch && e.deliverInOrderLocked(c, f.m.Src, f.m.Tag, f.m.Seq, f.peer, f.data) {
 		e.mu.Unlock()
 		return
 	}
 	sf := &e.scratch
-	*sf = f
+	*sf = *f
 	e.arrive(c, sf, false)
 	*sf = frag{}
 	start := len(e.toStart) > 0
@@ -154,13 +170,16 @@ func (e *Engine) deliverInOrderLocked(c *Comm, src32, tag32 int32, seq uint16, p
 		e.deliverEager(r, p, src, tag, data)
 		return true
 	}
-	// A receive whose message fits, in place: only what its holder reads
-	// (Result, or the sink of an mpi.Irecv) is written, and a request
-	// given back from here is cleaned by resetPosted. Half the
-	// instructions of deliverEager per message (bench/instr.sh).
+	// A receive whose message fits, in place: the data and the result
+	// are written, none of deliverEager's bookkeeping, which nobody
+	// reads once the request is done, and a request given back from
+	// here is cleaned by resetPosted.
 	n := copy(r.buf.Bytes, data)
 	r.mpiDone = true
 	r.status = Status{Source: src, Tag: tag, Count: n}
+	// complete's work, written out for this case (no error, a count
+	// that fits the sink): the call with its general result cost 40
+	// instructions a message here (bench/instr.sh).
 	parks := r.parks
 	s := r.sink
 	if s == nil { // a blocking Recv's, say: its poster resets it before reuse
@@ -171,7 +190,7 @@ func (e *Engine) deliverInOrderLocked(c *Comm, src32, tag32 int32, seq uint16, p
 	s.Source, s.Tag, s.Count = int32(src), int32(tag), uint32(n) // eager data is far below 4 GiB
 	free := s.gone(false)
 	r.notify(parks)
-	if free && r.owned && len(e.free) < freeMax {
+	if free && r.owned && len(e.free) < freeMax { // poolable: no id, no release
 		r.resetPosted()
 		e.free = append(e.free, r)
 	}
@@ -688,7 +707,11 @@ func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	e := c.e
 	r := e.takeSpare()
 	r.parks = e.parksOnly() // Wait parks at once (spinWait)
-	if buf.Conv != nil || c.postPlain(r, buf.Bytes, src, tag, nil) == nil {
+	var posted *Request
+	if buf.Conv == nil {
+		posted, _ = c.postPlain(r, buf.Bytes, src, tag, nil, nil)
+	}
+	if posted == nil {
 		if _, err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv, nil); err != nil {
 			recycleUnstarted(r)
 			return Status{}, err
@@ -753,17 +776,12 @@ func (e *Engine) putSpare(r *Request) {
 // receive of contiguous bytes from a specific source and tag, with
 // nothing unexpected, failed, closed or to start in the way. r is a clean
 // request, or nil for one from the free list (an Irecv's, which counts
-// for yieldEvery). It returns the request posted, or nil with nothing
-// changed when the case does not apply (postRecv then checks it all).
-func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *Sink) *Request {
-	r, _ = c.postPlainAlloc(r, b, src, tag, s, nil)
-	return r
-}
-
-// postPlainAlloc is postPlain whose sink, when s is nil and alloc is not,
-// comes from alloc, called with the lock held once the receive is sure to
-// be posted. It returns the sink used too.
-func (c *Comm) postPlainAlloc(r *Request, b []byte, src, tag int, s *Sink, alloc func() *Sink) (*Request, *Sink) {
+// for yieldEvery). The sink is s, or when s is nil and alloc is not, one
+// from alloc, called with the lock held once the receive is sure to be
+// posted (IrecvAlloc). It returns the request posted and its sink, or nil
+// with nothing changed when the case does not apply (postRecv then checks
+// it all).
+func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *Sink, alloc func() *Sink) (*Request, *Sink) {
 	e := c.e
 	if uint(src) >= uint(len(c.group)) || tag < 0 {
 		return nil, nil
@@ -775,14 +793,11 @@ func (c *Comm) postPlainAlloc(r *Request, b []byte, src, tag int, s *Sink, alloc
 	}
 	irecv := r == nil
 	if irecv {
-		n := len(e.free)
-		if n == 0 {
+		if len(e.free) == 0 { // postRecv makes a new one
 			e.mu.Unlock()
 			return nil, nil
 		}
-		r = e.free[n-1]
-		e.free[n-1] = nil
-		e.free = e.free[:n-1]
+		r = e.popFreeLocked()
 	}
 	if s == nil && alloc != nil {
 		s = alloc()

@@ -475,8 +475,8 @@ func (r *Request) reset() {
 // resetPosted is reset for a request taken from the free list, posted by
 // postPlain and completed by deliverInOrderLocked's sink path, which
 // between them write only the fields cleared here (a Wait may have stored
-// w): a seventh of reset's stores. Tests check that it leaves r as reset
-// would (SetResetCheck).
+// w): 29 instructions against reset's 68 (bench/instr.sh). Tests check
+// that it leaves r as reset would (SetResetCheck).
 func (r *Request) resetPosted() {
 	r.gen++
 	if r.w.Load() != nil {

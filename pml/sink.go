@@ -129,7 +129,7 @@ func (s *Sink) ReleaseKeep(r *Request) *Request {
 // once s is gone: it may be back in the free list.
 func (c *Comm) IrecvSink(buf Buffer, src, tag int, s *Sink) (*Request, error) {
 	if buf.Conv == nil {
-		if r := c.postPlain(nil, buf.Bytes, src, tag, s); r != nil {
+		if r, _ := c.postPlain(nil, buf.Bytes, src, tag, s, nil); r != nil {
 			return r, nil
 		}
 	}
@@ -145,5 +145,5 @@ func (c *Comm) IrecvSink(buf Buffer, src, tag int, s *Sink) (*Request, error) {
 // request and its sink, or nil, nil with nothing done when the case does
 // not apply (IrecvSink then takes it).
 func (c *Comm) IrecvAlloc(b []byte, src, tag int, alloc func() *Sink) (*Request, *Sink) {
-	return c.postPlainAlloc(nil, b, src, tag, nil, alloc)
+	return c.postPlain(nil, b, src, tag, nil, alloc)
 }
