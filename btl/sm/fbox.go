@@ -3,6 +3,8 @@ package sm
 import (
 	"fmt"
 	"sync/atomic"
+
+	"github.com/gompi-org/gompi/internal/atom"
 )
 
 // Fast boxes: one single-producer single-consumer byte ring per (sender,
@@ -21,8 +23,10 @@ import (
 //	bits 48-63 len     inline: payload bytes; entryFrag: fragment index
 //
 // Publication: the producer copies the payload, writes zero into the header
-// word that follows the entry, then stores the entry's header word with an
-// atomic store (release). The consumer loads a header word atomically
+// word that follows the entry, then stores the entry's header word with a
+// release store (atom.StoreRel64: on amd64 a plain MOV, which unlike
+// sync/atomic's XCHG does not wait for the line to arrive from the
+// receiver's cache; Block covers the wake-up check it leaves unfenced). The consumer loads a header word atomically
 // (acquire); zero means empty. Because the next header word is zeroed
 // before an entry is published, the consumer never reads a stale header
 // or payload bytes from an earlier lap as an entry (vader had to fix
@@ -157,11 +161,13 @@ func (b *txBox) fits(need uint64) (int, bool) {
 }
 
 // publish ends the entry reserved at phys: zero the next header word, then
-// store the header (release).
+// store the header (release). With sync/atomic's Store here (an XCHG,
+// which waits for the ring's line to come over from the receiving core)
+// rate 8 B was 8.56 against 10.1 M/s with this one, 25 alternated runs.
 func (b *txBox) publish(phys int, need uint64, w uint64) {
 	b.pos += need
 	putZero(b.ring, int(b.pos&(b.size-1)))
-	word64(b.ring, phys).Store(w)
+	atom.StoreRel64(word64(b.ring, phys), w)
 	b.seq++
 }
 
@@ -215,6 +221,12 @@ func (b *txBox) putWords(tag uint8, h0, h1 uint64, data []byte) bool {
 	phys, ok := b.fits(need)
 	if !ok || phys&(line-1)+int(need) > line {
 		return false
+	}
+	if phys&(line-1) == 0 {
+		// The ring's next line was last read by the receiver: ask for it
+		// now, so that it is here by the time a send writes it (rate 8 B
+		// 6.93 -> 8.23 M/s, 25 alternated runs).
+		atom.PrefetchW(&b.ring[uint64(phys+line)&(b.size-1)])
 	}
 	ent := b.ring[phys+entryHdr : phys+entryHdr+n]
 	le.PutUint64(ent, h0)

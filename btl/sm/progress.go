@@ -22,6 +22,8 @@ const (
 	napTime    = 2 * time.Millisecond   // unannounced sleep while another goroutine polls
 	sleepTime  = 100 * time.Millisecond // announced sleep; senders wake it
 	pendingNap = 50 * time.Microsecond  // own sends are queued: look again soon
+	// announceGrace is the first announced sleep (see Block).
+	announceGrace = 50 * time.Microsecond
 )
 
 // Progress polls the fast boxes, then the FIFO (at most pollBudget
@@ -500,12 +502,26 @@ func (m *Module) Block(wake <-chan struct{}) {
 			continue
 		}
 		m.state.Add(1) // announce: senders now wake us
-		s = arm(m.seq) // the first sender to see it armed wakes us
-		if !m.look() && !woken.Load() && !m.helpPosted() {
-			sys.FutexWait(m.seq, s, sleepTime)
-			// Peers also wake us when they close or die: have Progress
-			// look at their state.
-			m.events.Store(true)
+		// A sender publishes a fast-box entry with a release store and
+		// then reads state (peer.wake): with no fence between them, its
+		// read can be answered before the entry is visible here, so it
+		// may miss this announcement while the look below misses its
+		// entry. The first sleep after announcing is therefore short
+		// (announceGrace, far longer than a store waits to become
+		// visible), and the look after it finds such an entry; a sender
+		// that publishes later sees the announcement and wakes us.
+		for wait := announceGrace; ; wait = sleepTime {
+			s = arm(m.seq) // the first sender to see it armed wakes us
+			if m.look() || woken.Load() || m.helpPosted() {
+				break
+			}
+			sys.FutexWait(m.seq, s, wait)
+			if wait == sleepTime {
+				// Peers also wake us when they close or die: have
+				// Progress look at their state.
+				m.events.Store(true)
+				break
+			}
 		}
 		m.state.Add(^uint64(0))
 		return
