@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/internal/atom"
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/internal/sys"
 )
@@ -200,6 +201,15 @@ func (m *Module) pollBox(b *rxBox, budget int) int {
 			// after large ones cost rate 512 B 6% (PERFORMANCE.md, "Fifth
 			// session").
 			break
+		}
+		if pos&(line-1) == 0 && n > 1 {
+			// A stream (this call took more than one entry): ask for the
+			// line four ahead, so that its transfer from the sender's
+			// cache overlaps the work on these (rate 8 B 10.1 -> 10.7
+			// M/s, 41 alternated runs; two lines ahead 10.4). Not for a
+			// call's first entry: a ping-pong's next line is the one the
+			// sender writes next.
+			atom.Prefetch(&b.ring[(pos+4*line)&b.mask])
 		}
 		if pos-b.published >= b.publishEvery {
 			// A quarter ring taken in this call: give it back now (its

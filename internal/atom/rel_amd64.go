@@ -19,3 +19,9 @@ func StoreRel32(p *atomic.Uint32, v uint32)
 //
 //go:noescape
 func PrefetchW(p *byte)
+
+// Prefetch asks for the cache line at p, to be read soon (a hint: it
+// never faults and does not wait).
+//
+//go:noescape
+func Prefetch(p *byte)

@@ -12,3 +12,6 @@ func StoreRel32(p *atomic.Uint32, v uint32) { p.Store(v) }
 
 // PrefetchW is a no-op here.
 func PrefetchW(p *byte) {}
+
+// Prefetch is a no-op here.
+func Prefetch(p *byte) {}
