@@ -1,35 +1,59 @@
 #!/bin/bash
 # ab.sh - alternate two or more gompi-bench builds under gorun -np 2 --btl
-# self,sm, each run in the fast cache-line regime: before a run, wait (up to
-# a minute) for the anchor's probe to read below QUIET_NS (default 60) ns;
-# after it, when the probe does not, run it again (at most three tries). One
-# line per run: round, build, and the figure of each size.
+# self,sm, one run of each per round, and print each build's median, min
+# and max per size at the end (one line per run before that: round, build,
+# the figure of each size).
 #
 # Usage: bench/ab.sh ROUNDS MODE SIZES BUILD...
 #   bench/ab.sh 8 latency 0,8 /tmp/old/gompi-bench /tmp/new/gompi-bench
-#   bench/ab.sh 4 rate 8,512 /tmp/old/gompi-bench /tmp/new/gompi-bench
+#   bench/ab.sh 21 rate 8 ompi /tmp/old/gompi-bench /tmp/new/gompi-bench
 # A build is a gompi-bench binary (go build -o DIR/gompi-bench ./cmd/gompi-bench
-# at each commit, e.g. in a git worktree). Needs gcc and Go; run from the
-# repository root.
+# at each commit, e.g. in a git worktree), or "ompi" for Open MPI's vader
+# running bench/ompi-rate.c (rate only; needs mpicc.openmpi).
+# QUIET_NS=60: before a run, wait (up to a minute) for the anchor's probe to
+# read below that many ns, and after it, when the probe does not, run it
+# again (at most three tries): for the host whose regimes were ~30 and ~170
+# ns. Unset or 0 (the default): no gating (an Intel guest whose probe reads
+# 70-110 ns throughout). Needs gcc and Go; run from the repository root.
 set -euo pipefail
-[ $# -ge 4 ] || { sed -n '2,13p' "$0"; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,17p' "$0"; exit 2; }
 ROUNDS=$1 MODE=$2 SIZES=$3
 shift 3
 ANCHOR=${ANCHOR:-/work/shared/anchor}
-QUIET_NS=${QUIET_NS:-60}
+QUIET_NS=${QUIET_NS:-0}
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
 gcc -O2 -o "$BIN/c2c" "$ANCHOR/c2c.c" -lpthread
 go build -o "$BIN/gorun" ./cmd/gorun
-quiet() { awk -v p="$(timeout 30 "$BIN/c2c" || echo 9999)" -v q="$QUIET_NS" 'BEGIN { exit !(p + 0 < q + 0) }'; }
+for b in "$@"; do
+  if [ "$b" = ompi ]; then
+    [ "$MODE" = rate ] || { echo "ab.sh: ompi runs rate only" >&2; exit 2; }
+    mpicc.openmpi -O2 -o "$BIN/ompi-rate" bench/ompi-rate.c
+  fi
+done
+quiet() {
+  [ "$QUIET_NS" = 0 ] && return 0
+  awk -v p="$(timeout 30 "$BIN/c2c" || echo 9999)" -v q="$QUIET_NS" 'BEGIN { exit !(p + 0 < q + 0) }'
+}
+one() { # BUILD: the run's "size=value " pairs
+  if [ "$1" = ompi ]; then
+    timeout 120 mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 --mca btl self,vader \
+      "$BIN/ompi-rate" ${SIZES//,/ } 2>/dev/null
+  else
+    timeout 120 "$BIN/gorun" -np 2 --btl self,sm "$1" "$MODE" --sizes "$SIZES" --csv 2>&1
+  fi | awk -F, 'NR > 1 && !/^#/ { printf "%s=%s ", $1, $2 }'
+}
 for r in $(seq "$ROUNDS"); do
   for build in "$@"; do
+    out=
     for try in 1 2 3; do
       for _ in $(seq 60); do quiet && break; sleep 1; done
-      out=$(timeout 120 "$BIN/gorun" -np 2 --btl self,sm "$build" "$MODE" --sizes "$SIZES" --csv 2>&1 |
-        awk -F, 'NR > 1 && !/^#/ { printf "%s=%s ", $1, $2 }') || true
+      out=$(one "$build") || true
       quiet && break
     done
     echo "r$r $build $out"
   done
-done
+done | tee "$BIN/runs"
+echo "# median (min-max) over $ROUNDS rounds, $MODE:"
+awk '{ for (i = 3; i <= NF; i++) { split($i, kv, "="); k = $2 " " kv[1]; v[k] = v[k] " " kv[2] } }
+  END { for (k in v) { n = split(v[k], a, " "); asort(a); printf "%s  %s (%s-%s)\n", k, a[int((n + 1) / 2)], a[1], a[n] } }' "$BIN/runs" | sort

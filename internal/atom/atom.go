@@ -1,10 +1,10 @@
 // Package atom has the release store that sync/atomic lacks.
 //
 // sync/atomic's Store is sequentially consistent: on amd64 it is an XCHG,
-// a locked instruction that waits for the store buffer to drain (6-7 ns
-// on the development host, about as much as the rest of a small send's
-// work in the fast box). A publication needs less: that the stores before
-// it are visible first. On amd64 every store has that order already
+// a locked instruction (6-7 ns in a loop on the development host) that
+// cannot finish before every store ahead of it has reached the cache: one
+// into a line another core holds makes it wait for that line. A
+// publication needs less: that the stores before it are visible first. On amd64 every store has that order already
 // (x86-TSO: stores are not reordered with other stores, loads not with
 // older loads), so StoreRel is a plain MOV there, in assembly: the Go
 // compiler does not move memory operations across a call it cannot see
