@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gompi-org/gompi/mpi"
+	"github.com/gompi-org/gompi/pml"
 )
 
 // TestSmallMessageAllocations: once warmed up, a blocking Send/Recv of a
@@ -69,4 +70,62 @@ func TestSmallMessageAllocations(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, blocking, "allocations per blocking round trip")
 	require.Zero(t, nonblocking, "allocations per nonblocking round trip")
+}
+
+// A loop of windows of Irecvs ended by WaitallRelease allocates nothing:
+// the requests are reused.
+func TestWindowReleaseAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	// A window of 64: a slab of 64 Requests a window would count as one
+	// allocation a run (AllocsPerRun rounds down).
+	const window, stop = 64, 9
+	var allocs float64
+	pml.SetResetCheck(false) // the check itself allocates (reflect)
+	defer pml.SetResetCheck(true)
+	err := mpi.Run(2, func(w *mpi.Comm) error {
+		var buf, none any = make([]byte, 8), []byte{}
+		if w.Rank() == 1 { // on each go message, send a window
+			for {
+				st, err := w.Recv(none, 0, mpi.AnyTag)
+				if err != nil || st.Tag == stop {
+					return err
+				}
+				for range window {
+					if err := w.Send(buf, 0, 1); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		var failed error
+		reqs := make([]*mpi.Request, window)
+		bufs := make([]any, window)
+		for i := range bufs {
+			bufs[i] = make([]byte, 8)
+		}
+		allocs = testing.AllocsPerRun(200, func() {
+			for i := range reqs {
+				var err error
+				if reqs[i], err = w.Irecv(bufs[i], 1, 1); err != nil {
+					failed = err
+					return
+				}
+			}
+			if err := w.Send(none, 1, 2); err != nil {
+				failed = err
+				return
+			}
+			if err := w.WaitallRelease(reqs, nil); err != nil {
+				failed = err
+			}
+		})
+		if err := w.Send(none, 1, stop); err != nil {
+			return err
+		}
+		return failed
+	})
+	require.NoError(t, err)
+	require.Zero(t, allocs, "allocations per window of receives")
 }

@@ -28,6 +28,9 @@ type Comm struct {
 	// lock held (pml.Comm.IrecvAlloc). alloc is allocSink, made once.
 	rslab *reqSlab
 	rnext int
+	// rfree holds Requests given back by WaitallRelease, which allocSink
+	// hands out before rslab's; guarded by the engine's lock, as rslab.
+	rfree []*Request
 	alloc func() *pml.Sink
 }
 
@@ -46,12 +49,20 @@ const _ = -unsafe.Offsetof(Request{}.s)
 // held. Taking Irecv's Request here saves the slab's atomic add, a locked
 // instruction per Irecv (docs/PERFORMANCE.md, twelfth session, item 6).
 func (c *Comm) allocSink() *pml.Sink {
-	if c.rslab == nil || c.rnext == len(c.rslab.reqs) {
-		c.rslab, c.rnext = new(reqSlab), 0
+	var r *Request
+	if n := len(c.rfree); n > 0 {
+		r = c.rfree[n-1]
+		c.rfree[n-1] = nil
+		c.rfree = c.rfree[:n-1]
+		*r = Request{}
+	} else {
+		if c.rslab == nil || c.rnext == len(c.rslab.reqs) {
+			c.rslab, c.rnext = new(reqSlab), 0
+		}
+		r = &c.rslab.reqs[c.rnext]
+		c.rnext++
 	}
-	r := &c.rslab.reqs[c.rnext]
-	c.rnext++
-	r.s.State.Init(sinkBit)
+	r.s.State.Init(sinkBit | releasableBit)
 	return &r.s
 }
 

@@ -2,6 +2,7 @@ package mpi_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime"
@@ -987,5 +988,76 @@ func TestIsendDoneRequestStatus(t *testing.T) {
 			all = errors.Join(all, <-errs)
 		}
 		return all
+	})
+}
+
+// WaitallRelease sets the handles to nil and hands the Irecvs' requests
+// to later Irecvs: every window still gets its own messages byte for byte
+// with the right statuses, requests are reused (the receives are posted
+// before their messages are sent, so they take Irecv's common path), and a
+// send's request done at once (shared by such sends) stays valid.
+func TestWaitallRelease(t *testing.T) {
+	const windows, window = 30, 8
+	mustRun(t, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			for win := range windows {
+				if _, err := w.Recv([]byte{}, 1, 9); err != nil { // posted
+					return err
+				}
+				for i := range window {
+					k := win*window + i
+					if err := w.Send(binary.LittleEndian.AppendUint64(nil, uint64(k)), 1, k%3); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}
+		seen := map[*mpi.Request]bool{}
+		reused := 0
+		reqs := make([]*mpi.Request, window+1)
+		sts := make([]mpi.Status, window+1)
+		for win := range windows {
+			bufs := make([][]byte, window)
+			for i := range window {
+				bufs[i] = make([]byte, 8)
+				var err error
+				if reqs[i], err = w.Irecv(bufs[i], 0, (win*window+i)%3); err != nil {
+					return err
+				}
+				if seen[reqs[i]] {
+					reused++
+				}
+				seen[reqs[i]] = true
+			}
+			// A send of no bytes, done at once: its request must not be
+			// handed out again.
+			sr, err := w.Isend([]byte{}, 0, 9)
+			if err != nil {
+				return err
+			}
+			reqs[window] = sr
+			if err := w.WaitallRelease(reqs, sts); err != nil {
+				return err
+			}
+			for i, r := range reqs {
+				if r != nil {
+					return fmt.Errorf("window %d: handle %d not set to nil", win, i)
+				}
+			}
+			for i := range window {
+				k := win*window + i
+				if got := binary.LittleEndian.Uint64(bufs[i]); got != uint64(k) || sts[i].Tag != k%3 || sts[i].Count != 8 || sts[i].Source != 0 {
+					return fmt.Errorf("window %d, receive %d: %d with %+v, want %d with tag %d", win, i, got, sts[i], k, k%3)
+				}
+			}
+			if st, err := sr.Wait(); err != nil || st.Count != 0 || st.Tag != 9 {
+				return fmt.Errorf("window %d: the send's request after release: %+v, %v", win, st, err)
+			}
+		}
+		if reused < (windows-1)*window/2 {
+			return fmt.Errorf("%d of %d receives reused a request", reused, windows*window)
+		}
+		return nil
 	})
 }

@@ -58,7 +58,8 @@ const (
 	SinkCancelled = 1 << 29 // the result's Status.Cancelled
 	SinkRecycle   = 1 << 28 // gone while held: the last holder gives the PML request back
 	SinkMode      = 1 << 27 // the owner's: the request was made with a sink
-	SinkUsers     = SinkMode - 1
+	SinkOwner     = 1 << 26 // the owner's to use as it likes: the engine neither sets nor reads it
+	SinkUsers     = SinkOwner - 1
 )
 
 // Store writes st and err into s (the owner's side uses it for requests
@@ -125,7 +126,7 @@ func (s *Sink) ReleaseKeep(r *Request) *Request {
 }
 
 // IrecvSink is Irecv whose result goes into s (see Sink); s.State must
-// hold SinkMode and nothing else. The request returned must not be used
+// hold SinkMode and nothing else but SinkOwner. The request returned must not be used
 // once s is gone: it may be back in the free list.
 func (c *Comm) IrecvSink(buf Buffer, src, tag int, s *Sink) (*Request, error) {
 	if buf.Conv == nil {
@@ -140,10 +141,18 @@ func (c *Comm) IrecvSink(buf Buffer, src, tag int, s *Sink) (*Request, error) {
 // from a specific source and tag with nothing in the way) for an owner
 // whose sinks come from alloc: the engine calls alloc with its lock held,
 // once the receive is sure to be posted, so that calls for one
-// communicator never overlap and alloc needs no atomic of its own. The
-// sink returned must hold SinkMode and nothing else. It returns the
-// request and its sink, or nil, nil with nothing done when the case does
-// not apply (IrecvSink then takes it).
+// communicator never overlap and alloc needs no atomic of its own
+// (LockAlloc holds the same lock). The sink returned must hold
+// SinkMode and nothing else but SinkOwner. It returns the request and its
+// sink, or nil, nil with nothing done when the case does not apply
+// (IrecvSink then takes it).
 func (c *Comm) IrecvAlloc(b []byte, src, tag int, alloc func() *Sink) (*Request, *Sink) {
 	return c.postPlain(nil, b, src, tag, nil, alloc)
 }
+
+// LockAlloc and UnlockAlloc hold the engine's lock, under which IrecvAlloc
+// calls its allocator: an owner changes the allocator's state between
+// them without a lock of its own. Nothing may call into the engine while
+// it is held.
+func (c *Comm) LockAlloc()   { c.e.mu.Lock() }
+func (c *Comm) UnlockAlloc() { c.e.mu.Unlock() }
