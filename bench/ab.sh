@@ -38,7 +38,9 @@ quiet() {
 one() { # BUILD: the run's "size=value " pairs
   if [ "$1" = ompi ]; then
     timeout 120 mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 --mca btl self,vader \
-      "$BIN/ompi-rate" ${SIZES//,/ } 2>/dev/null
+      "$BIN/ompi-rate" $(echo "$SIZES" | awk -F, '{ for (i = 1; i <= NF; i++) { v = $i; m = 1
+        if (v ~ /k$/) m = 1024; else if (v ~ /m$/) m = 1048576
+        printf "%d ", v * m } }') 2>/dev/null
   else
     timeout 120 "$BIN/gorun" -np 2 --btl self,sm "$1" "$MODE" --sizes "$SIZES" --csv 2>&1
   fi | awk -F, 'NR > 1 && !/^#/ { printf "%s=%s ", $1, $2 }'

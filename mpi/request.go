@@ -173,7 +173,7 @@ func (r *Request) finishTakenKeep(pr *pml.Request) (Status, *pml.Request, error)
 // ends with the result, so taking it first is safe; a WaitContext may give
 // up, so it takes it at the end. back is the PML request for the caller to
 // give back; ok false: not the common case, nothing done.
-func (r *Request) waitAlone() (st Status, back *pml.Request, ok bool, err error) {
+func (r *Request) waitAlone(more bool) (st Status, back *pml.Request, ok bool, err error) {
 	pr := r.p
 	if pr == nil { // done at once (an eager send, say): the result is here
 		st, err = r.stored()
@@ -188,7 +188,7 @@ func (r *Request) waitAlone() (st Status, back *pml.Request, ok bool, err error)
 			st, err = r.stored()
 			return st, nil, true, err
 		}
-		pr.Engine().Wait(nil, pr) // without a context it returns once pr is done
+		waitPML(pr, more) // without a context it returns once pr is done
 		if r.s.State.Load()&usersMask > 1 {
 			pr.Wake() // another goroutine may be parked on pr too
 		}
@@ -201,12 +201,22 @@ func (r *Request) waitAlone() (st Status, back *pml.Request, ok bool, err error)
 	if !r.s.State.CompareAndSwap(0, takenBit|1) {
 		return Status{}, nil, false, nil
 	}
-	pr.Engine().Wait(nil, pr) // without a context it returns once pr is done
+	waitPML(pr, more) // without a context it returns once pr is done
 	if r.s.State.Load()&usersMask > 1 {
 		pr.Wake() // another goroutine may be parked on pr too
 	}
 	st, back, err = r.finishTakenKeep(pr)
 	return st, back, true, err
+}
+
+// waitPML waits for pr; more: the caller has more requests to wait for
+// after this one (pml.Engine.WaitMore).
+func waitPML(pr *pml.Request, more bool) {
+	if more {
+		pr.Engine().WaitMore(pr)
+	} else {
+		pr.Engine().Wait(nil, pr)
+	}
 }
 
 // Wait blocks until the request completes and returns its status.
@@ -222,7 +232,7 @@ func (r *Request) wait(ctx context.Context) (Status, error) {
 		return Status{}, mpierr.Errorf(mpierr.ErrArg, "nil request")
 	}
 	if ctx == nil {
-		if st, back, ok, err := r.waitAlone(); ok {
+		if st, back, ok, err := r.waitAlone(false); ok {
 			if back != nil {
 				pml.Recycle(back)
 			}
@@ -382,7 +392,7 @@ func WaitallInto(reqs []*Request, sts []Status) error {
 			}
 			continue
 		}
-		st, back, ok, err := r.waitAlone()
+		st, back, ok, err := r.waitAlone(i < len(reqs)-1)
 		if !ok {
 			st, err = r.Wait()
 		} else if back != nil {
