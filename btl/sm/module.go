@@ -194,8 +194,8 @@ func newModule(env *btl.Env, cfg config) (*Module, error) {
 			return nil, fmt.Errorf("sm: publish %s: %w", k, err)
 		}
 	}
-	env.Logf("sm: rank %d (local %d of %d) segment %d bytes: %d eager + %d max-size fragments, %d fast boxes, caps %v",
-		m.rank, m.local, env.LocalSize, lay.size, lay.smallCount, lay.largeCount, lay.fboxCount, btl.Caps(m.caps.Load()))
+	env.Logf("sm: rank %d (local %d of %d) segment %d bytes: %d eager + %d max-size fragments, %d fast boxes, caps %v; %s",
+		m.rank, m.local, env.LocalSize, lay.size, lay.smallCount, lay.largeCount, lay.fboxCount, btl.Caps(m.caps.Load()), Status())
 	return m, nil
 }
 

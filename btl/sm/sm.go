@@ -75,7 +75,8 @@ const have = btl.CapSend | btl.CapSendImmediate | btl.CapSendInPlace | btl.CapPu
 // -> 10.0-14.6, 16 KiB 8.3-8.5 -> 10.1-13.2; latency 12 KiB 5.2-5.7 ->
 // 2.1-2.5 us, 16 KiB 6.0-6.6 -> 2.8-3.3 (vader: 4.0 and 4.7 us). A 32 KiB
 // limit (32832) gained at 32 KiB but lost bibw at 8-16 KiB
-// (docs/PERFORMANCE.md, "Ninth session", item 5).
+// (docs/PERFORMANCE.md, "Ninth session", item 5). Where a single copy is
+// cheap, Open lowers it to 8 KiB + 64 (fitEagerLimit).
 var defaults = btl.Defaults{
 	Limits: btl.Limits{
 		EagerLimit:             16<<10 + 64,
@@ -253,6 +254,9 @@ func (component) Open(env *btl.Env) ([]btl.Module, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.caps&btl.CapGet != 0 {
+		cfg = fitEagerLimit(env, cfg, cmaCost(16<<10))
+	}
 	m, err := newModule(env, cfg)
 	if err != nil {
 		setStatus("not used: %v", err)
@@ -284,6 +288,42 @@ func singleCopy(env *btl.Env, cfg config) (btl.Caps, error) {
 	}
 	setStatus("single copy: cma (process_vm_readv/writev)")
 	return caps, nil
+}
+
+// The eager limit when a single copy is cheap: 8 KiB of payload plus 64
+// bytes, so that 16 KiB messages go by one CMA read. Which limit wins
+// depends on the cost of that system call: on the ninth session's AMD
+// guest a 16 KiB read cost a few microseconds and 16 KiB by copy in and
+// out won every figure at 12-16 KiB (see defaults); on the thirteenth
+// session's Intel guest it cost 0.85 us (the mean of 20,000 reads of own
+// memory; cmaCost reads 0.86-1.29 us at start-up) and the 8 KiB limit won
+// bidirectional bandwidth at 4-16 KiB (bibw 16 KiB 10.5 -> 13.1 GB/s, 4
+// KiB 5.3 -> 5.7; bw 16 KiB unchanged, 4 KiB 5.5 -> 6.2; 7 alternated
+// rounds of bench/ab.sh per mode), for 16 KiB latency 4.56 -> 5.15 us
+// (vader: 4.9-5.2).
+const (
+	cheapEagerLimit = 8<<10 + 64
+	// cheapCMA is the most a 16 KiB read of own memory may take for the
+	// cheap limit: between the two guests' costs.
+	cheapCMA = 1500 * time.Nanosecond
+)
+
+// fitEagerLimit lowers the default eager limit to cheapEagerLimit when a
+// 16 KiB single copy costs at most cheapCMA (cost, from cmaCost). A limit
+// set by the user is kept. Every process decides for itself: its peers
+// read its fragment sizes from its segment's header.
+func fitEagerLimit(env *btl.Env, cfg config, cost time.Duration) config {
+	if _, src := env.Params.Value("btl_" + Name + "_eager_limit"); src != params.FromDefault {
+		return cfg
+	}
+	if cost <= 0 || cost > cheapCMA || cfg.limits.EagerLimit <= cheapEagerLimit {
+		setStatus("%s; eager limit %d (a 16 KiB read took %v)", Status(), cfg.limits.EagerLimit, cost)
+		return cfg
+	}
+	cfg.limits.EagerLimit = cheapEagerLimit
+	cfg.maxSend = max(cfg.limits.EagerLimit, cfg.limits.MaxSendSize)
+	setStatus("%s; eager limit %d (a 16 KiB read took %v, at most %v: 16 KiB messages by single copy)", Status(), cfg.limits.EagerLimit, cost, cheapCMA)
+	return cfg
 }
 
 // yamaAllows reads kernel.yama.ptrace_scope: from 1 up, a process may not

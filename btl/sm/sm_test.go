@@ -711,3 +711,30 @@ func TestCloseUnderLoad(t *testing.T) {
 		wg.Wait()
 	}
 }
+
+// The eager limit drops to cheapEagerLimit when a 16 KiB single copy is
+// cheap, and stays when it is dear, when the caller set it, or when the
+// probe failed.
+func TestFitEagerLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		overrides [][2]string
+		cost      time.Duration
+		want      int
+	}{
+		{"cheap", nil, cheapCMA, cheapEagerLimit},
+		{"dear", nil, cheapCMA + 1, defaults.Limits.EagerLimit},
+		{"failed probe", nil, 0, defaults.Limits.EagerLimit},
+		{"set by the user", [][2]string{{"btl_sm_eager_limit", "16448"}}, time.Nanosecond, 16448},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			set, err := params.NewSet(tc.overrides)
+			require.NoError(t, err)
+			cfg, err := readConfig(&btl.Env{Params: set, LocalSize: 2})
+			require.NoError(t, err)
+			cfg = fitEagerLimit(&btl.Env{Params: set}, cfg, tc.cost)
+			require.Equal(t, tc.want, cfg.limits.EagerLimit)
+			require.Equal(t, max(tc.want, cfg.limits.MaxSendSize), cfg.maxSend)
+		})
+	}
+}
