@@ -126,8 +126,8 @@ func (s *Sink) ReleaseKeep(r *Request) *Request {
 }
 
 // IrecvSink is Irecv whose result goes into s (see Sink); s.State must
-// hold SinkMode and nothing else but SinkOwner. The request returned must not be used
-// once s is gone: it may be back in the free list.
+// hold SinkMode and nothing else but SinkOwner. The request returned must
+// not be used once s is gone: it may be back in the free list.
 func (c *Comm) IrecvSink(buf Buffer, src, tag int, s *Sink) (*Request, error) {
 	if buf.Conv == nil {
 		if r, _ := c.postPlain(nil, buf.Bytes, src, tag, s, nil); r != nil {

@@ -26,8 +26,8 @@ import (
 // word that follows the entry, then stores the entry's header word with a
 // release store (atom.StoreRel64: on amd64 a plain MOV, which unlike
 // sync/atomic's XCHG does not wait for the line to arrive from the
-// receiver's cache; Block covers the wake-up check it leaves unfenced). The consumer loads a header word atomically
-// (acquire); zero means empty. Because the next header word is zeroed
+// receiver's cache; Block covers the wake-up check it leaves unfenced).
+// The consumer loads a header word atomically (acquire); zero means empty. Because the next header word is zeroed
 // before an entry is published, the consumer never reads a stale header
 // or payload bytes from an earlier lap as an entry (vader had to fix
 // exactly this class of bug more than once: stale headers after wrap,

@@ -11,8 +11,9 @@ import (
 )
 
 // The only unsafe code of the package: typed atomic views of the 4- and
-// 8-byte words that processes share in a mapped segment. Everything else
-// reads shared memory as bytes, through bounds-checked slices.
+// 8-byte words that processes share in a mapped segment, and cmaCost's
+// address of its own buffer. Everything else reads shared memory as
+// bytes, through bounds-checked slices.
 
 // word64 returns the 8-byte word of b at off. off must be 8-aligned
 // relative to a page-aligned mapping, and off+8 <= len(b): it panics
