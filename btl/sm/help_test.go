@@ -108,6 +108,17 @@ func idle(m *Module) {
 	}
 }
 
+// idleUntil is idle until cond holds, for at most 10 s: whether a run of
+// polls counts as idle depends on their rate (Module.idle), which a loaded
+// machine or the race detector can keep low for a while.
+func idleUntil(t *testing.T, m *Module, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		require.True(t, time.Now().Before(deadline), "the idle helper did not act")
+		idle(m)
+	}
+}
+
 // Garbage in a help slot (memory the helper never registered, chunks too
 // small, a destination that is not mapped) is ignored or fails that chunk:
 // no panic, no byte of unregistered memory copied.
@@ -119,23 +130,21 @@ func TestHelpSlotGarbage(t *testing.T) {
 	srcAddr := uint64(sys.Addr(src))
 
 	s := postHelp(h.seg, 0, 1, srcAddr+uint64(len(src)), dstAddr, 1<<20, 64<<10) // beyond the registration
-	idle(h)
+	idleUntil(t, h, func() bool { return !h.helpPosted() })                      // it looked
 	require.Equal(t, uint64(1)<<32, s.claim.Load(), "a chunk of unregistered memory was claimed")
 	require.Zero(t, s.done.Load())
 
 	s = postHelp(h.seg, 0, 2, srcAddr, dstAddr, 1<<20, 4096) // chunks below the minimum
-	idle(h)
+	idleUntil(t, h, func() bool { return !h.helpPosted() })
 	require.Equal(t, uint64(2)<<32, s.claim.Load())
 
-	s = postHelp(h.seg, 0, 3, srcAddr, 16, 1<<20, 64<<10) // destination not mapped in the reader
-	idle(h)
-	require.Equal(t, uint64(1<<20), s.done.Load(), "every chunk is accounted for")
+	s = postHelp(h.seg, 0, 3, srcAddr, 16, 1<<20, 64<<10)          // destination not mapped in the reader
+	idleUntil(t, h, func() bool { return s.done.Load() == 1<<20 }) // every chunk is accounted for
 	require.NotZero(t, s.fail.Load(), "the failed copies are reported")
 	require.Zero(t, h.helpBytes.Load())
 
 	s = postHelp(h.seg, 0, 4, srcAddr, dstAddr, 1<<20, 64<<10) // a good one
-	idle(h)
-	require.Equal(t, uint64(1<<20), s.done.Load())
+	idleUntil(t, h, func() bool { return s.done.Load() == 1<<20 })
 	require.Zero(t, s.fail.Load())
 	require.Equal(t, src, dst)
 	_ = reg
@@ -225,7 +234,6 @@ func TestHelpOnlyWhenIdle(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	require.Zero(t, s.done.Load(), "helped from occasional polls")
-	idle(h)
-	require.Equal(t, uint64(1<<20), s.done.Load())
+	idleUntil(t, h, func() bool { return s.done.Load() == 1<<20 })
 	require.Equal(t, src, dst)
 }
