@@ -14,7 +14,9 @@
 // What StoreRel does not give is StoreLoad order: a load after it may be
 // satisfied before the store is visible to other processors. Code that
 // stores a flag and then reads another party's flag (Dekker's pattern, a
-// sleeper's announcement) needs the sequentially consistent Store.
+// sleeper's announcement) needs the sequentially consistent Store, or a
+// bound on what the race can cost: Mutex's waiters park with timeouts, and
+// sm's Block sleeps briefly right after it announces itself.
 //
 // Elsewhere, and in race-detector builds (which only see sync/atomic's
 // operations), StoreRel is sync/atomic's Store.

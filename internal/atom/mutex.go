@@ -69,8 +69,8 @@ func (m *Mutex) Unlock() {
 	StoreRel32(&m.state, 0)
 }
 
-// unlockSlow is Unlock with waiters announced (or a misuse). Out of line,
-// so that Unlock is inlined.
+// unlockSlow is Unlock with waiters announced (or a misuse), out of line:
+// the common Unlock is two loads and the store.
 //
 //go:noinline
 func (m *Mutex) unlockSlow() {
