@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/internal/atom"
 )
 
 // Hand-off to a polling receiver.
@@ -73,7 +74,7 @@ type ring struct {
 	slots [ringSlots]slot
 
 	// producer (pmu held)
-	pmu      sync.Mutex
+	pmu      atom.Mutex
 	head     uint64 // hand-offs published
 	tailSeen uint64 // the consumer's tail as last read
 	_        [40]byte
@@ -152,7 +153,21 @@ func (m *Module) Poll() int { return m.drain() }
 func (m *Module) Park() {
 	m.parked.Add(1)
 	m.drain()
+	if m.handsOff() {
+		// A sender publishes with a release store, then reads parked:
+		// its read may be answered before its entry is visible to the
+		// drain above, so both can miss. Look again once such a store
+		// is surely visible; later senders see parked and dispatch.
+		time.AfterFunc(parkGrace, func() {
+			if !m.closed.Load() {
+				m.drain()
+			}
+		})
+	}
 }
+
+// parkGrace: when Park looks at the rings a second time.
+const parkGrace = 50 * time.Microsecond
 
 // Unpark ends a Park.
 func (m *Module) Unpark() { m.parked.Add(-1) }
@@ -193,7 +208,7 @@ func (m *Module) drain() int {
 					break
 				}
 				m.disp.Dispatch(r.back, btl.Tag(s.tag), s.hdr[:], s.data[:s.dlen])
-				r.tail.Store(t + 1)
+				atom.StoreRel64(&r.tail, t+1) // the sender reads it only to find room
 				n++
 			}
 		}
@@ -305,7 +320,11 @@ func (r *ring) publish(tag btl.Tag, h0, h1 uint64, data []byte) bool {
 	binary.LittleEndian.PutUint64(s.hdr[8:], h1)
 	copy(s.data[:], data)
 	r.head = h + 1
-	s.seq.Store(h + 1)
+	// A release store: sync/atomic's (an XCHG) waited for the slot's
+	// line, which the spinning receiver holds. The sender's check of
+	// parked after it is therefore not ordered after it: Park's timed
+	// drain covers a receiver that parked just then.
+	atom.StoreRel64(&s.seq, h+1)
 	r.pmu.Unlock()
 	return true
 }
