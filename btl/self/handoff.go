@@ -31,9 +31,12 @@ import (
 // What it must not do is block without polling: a goroutine about to park
 // says so first (Park, until Unpark) and drains the rings after saying
 // it; a sender that finds a parked goroutine once its entry is published
-// dispatches the rings itself, as a direct delivery would. One of the two
-// sees the entry (sequential consistency of sync/atomic), so no entry
-// waits for a rank that is blocked. An entry may wait while the receiving
+// dispatches the rings itself, as a direct delivery would. The parker's
+// side is sequentially consistent (a locked add, then the drain); the
+// sender's publication is a release store, so its look at parked may come
+// before its entry is visible, and both can miss it. Park therefore looks
+// at the rings a second time parkGrace later, when such an entry is surely
+// visible: no entry waits longer than that for a rank that is blocked. An entry may wait while the receiving
 // rank computes outside gompi: only eager messages go into rings, they
 // complete at the sender at once, and the rank finds them at its next
 // call. A rendezvous send must not wait behind them (its sequence number
