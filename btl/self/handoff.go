@@ -36,10 +36,10 @@ import (
 // sender's publication is a release store, so its look at parked may come
 // before its entry is visible, and both can miss it. Park therefore looks
 // at the rings a second time parkGrace later, when such an entry is surely
-// visible: no entry waits longer than that for a rank that is blocked. An entry may wait while the receiving
-// rank computes outside gompi: only eager messages go into rings, they
-// complete at the sender at once, and the rank finds them at its next
-// call. A rendezvous send must not wait behind them (its sequence number
+// visible: no entry waits longer than that for a rank that is blocked. An
+// entry may wait while the receiving rank computes outside gompi: only
+// eager messages go into rings, they complete at the sender at once, and
+// the rank finds them at its next call. A rendezvous send must not wait behind them (its sequence number
 // follows theirs), so a direct delivery first dispatches what its sender
 // left in the pair's ring (flush).
 //
@@ -160,12 +160,10 @@ func (m *Module) Park() {
 		// A sender publishes with a release store, then reads parked:
 		// its read may be answered before its entry is visible to the
 		// drain above, so both can miss. Look again once such a store
-		// is surely visible; later senders see parked and dispatch.
-		time.AfterFunc(parkGrace, func() {
-			if !m.closed.Load() {
-				m.drain()
-			}
-		})
+		// is surely visible; later senders see parked and dispatch. One
+		// timer per module, moved on by each Park: a Park's own drain
+		// covers what an earlier one's look would have found.
+		m.relook.Reset(parkGrace)
 	}
 }
 

@@ -231,6 +231,14 @@ func setStatus(f string, a ...any) {
 	statusMu.Unlock()
 }
 
+// addStatus appends "; " and a note to the status, under one hold of its
+// lock.
+func addStatus(f string, a ...any) {
+	statusMu.Lock()
+	statusMsg += "; " + fmt.Sprintf(f, a...)
+	statusMu.Unlock()
+}
+
 // Open makes this process's sm module. Without a store (singleton or
 // in-process job) or without another rank on this host sm is not usable:
 // the error wraps mpierr.ErrNotSupported.
@@ -314,15 +322,16 @@ const (
 // read its fragment sizes from its segment's header.
 func fitEagerLimit(env *btl.Env, cfg config, cost time.Duration) config {
 	if _, src := env.Params.Value("btl_" + Name + "_eager_limit"); src != params.FromDefault {
+		addStatus("eager limit %d (set)", cfg.limits.EagerLimit)
 		return cfg
 	}
 	if cost <= 0 || cost > cheapCMA || cfg.limits.EagerLimit <= cheapEagerLimit {
-		setStatus("%s; eager limit %d (a 16 KiB read took %v)", Status(), cfg.limits.EagerLimit, cost)
+		addStatus("eager limit %d (a 16 KiB read took %v)", cfg.limits.EagerLimit, cost)
 		return cfg
 	}
 	cfg.limits.EagerLimit = cheapEagerLimit
 	cfg.maxSend = max(cfg.limits.EagerLimit, cfg.limits.MaxSendSize)
-	setStatus("%s; eager limit %d (a 16 KiB read took %v, at most %v: 16 KiB messages by single copy)", Status(), cfg.limits.EagerLimit, cost, cheapCMA)
+	addStatus("eager limit %d (a 16 KiB read took %v, at most %v: 16 KiB messages by single copy)", cfg.limits.EagerLimit, cost, cheapCMA)
 	return cfg
 }
 
