@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/gompi-org/gompi/btl"
-	"github.com/gompi-org/gompi/internal/atom"
 )
 
 // Hand-off to a polling receiver.
@@ -31,15 +30,12 @@ import (
 // What it must not do is block without polling: a goroutine about to park
 // says so first (Park, until Unpark) and drains the rings after saying
 // it; a sender that finds a parked goroutine once its entry is published
-// dispatches the rings itself, as a direct delivery would. The parker's
-// side is sequentially consistent (a locked add, then the drain); the
-// sender's publication is a release store, so its look at parked may come
-// before its entry is visible, and both can miss it. Park therefore looks
-// at the rings a second time parkGrace later, when such an entry is surely
-// visible: no entry waits longer than that for a rank that is blocked. An
-// entry may wait while the receiving rank computes outside gompi: only
-// eager messages go into rings, they complete at the sender at once, and
-// the rank finds them at its next call. A rendezvous send must not wait behind them (its sequence number
+// dispatches the rings itself, as a direct delivery would. One of the two
+// sees the entry (sequential consistency of sync/atomic), so no entry
+// waits for a rank that is blocked. An entry may wait while the receiving
+// rank computes outside gompi: only eager messages go into rings, they
+// complete at the sender at once, and the rank finds them at its next
+// call. A rendezvous send must not wait behind them (its sequence number
 // follows theirs), so a direct delivery first dispatches what its sender
 // left in the pair's ring (flush).
 //
@@ -77,7 +73,7 @@ type ring struct {
 	slots [ringSlots]slot
 
 	// producer (pmu held)
-	pmu      atom.Mutex
+	pmu      sync.Mutex
 	head     uint64 // hand-offs published
 	tailSeen uint64 // the consumer's tail as last read
 	_        [40]byte
@@ -156,19 +152,7 @@ func (m *Module) Poll() int { return m.drain() }
 func (m *Module) Park() {
 	m.parked.Add(1)
 	m.drain()
-	if m.handsOff() {
-		// A sender publishes with a release store, then reads parked:
-		// its read may be answered before its entry is visible to the
-		// drain above, so both can miss. Look again once such a store
-		// is surely visible; later senders see parked and dispatch. One
-		// timer per module, moved on by each Park: a Park's own drain
-		// covers what an earlier one's look would have found.
-		m.relook.Reset(parkGrace)
-	}
 }
-
-// parkGrace: when Park looks at the rings a second time.
-const parkGrace = 50 * time.Microsecond
 
 // Unpark ends a Park.
 func (m *Module) Unpark() { m.parked.Add(-1) }
@@ -209,7 +193,7 @@ func (m *Module) drain() int {
 					break
 				}
 				m.disp.Dispatch(r.back, btl.Tag(s.tag), s.hdr[:], s.data[:s.dlen])
-				atom.StoreRel64(&r.tail, t+1) // the sender reads it only to find room
+				r.tail.Store(t + 1)
 				n++
 			}
 		}
@@ -321,11 +305,7 @@ func (r *ring) publish(tag btl.Tag, h0, h1 uint64, data []byte) bool {
 	binary.LittleEndian.PutUint64(s.hdr[8:], h1)
 	copy(s.data[:], data)
 	r.head = h + 1
-	// A release store: sync/atomic's (an XCHG) waited for the slot's
-	// line, which the spinning receiver holds. The sender's check of
-	// parked after it is therefore not ordered after it: Park's timed
-	// drain covers a receiver that parked just then.
-	atom.StoreRel64(&s.seq, h+1)
+	s.seq.Store(h + 1)
 	r.pmu.Unlock()
 	return true
 }

@@ -80,12 +80,6 @@ func (w *World) Attach(env *btl.Env) (*Module, error) {
 	w.size.Add(1)
 	m := &Module{w: w, rank: env.Rank, disp: env.Dispatch, lim: lim, caps: c, excl: excl, eps: map[int]*endpoint{}, stats: env.Stats,
 		spin: max(0, env.Params.Duration(paramSpin))}
-	m.relook = time.AfterFunc(time.Hour, func() {
-		if !m.closed.Load() {
-			m.drain()
-		}
-	})
-	m.relook.Stop() // Park starts it
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if _, dup := w.mods[env.Rank]; dup {
@@ -100,7 +94,6 @@ type Module struct {
 	w      *World
 	rank   int
 	disp   *btl.Dispatcher
-	relook *time.Timer // Park's second look at the rings (handoff.go)
 	lim    btl.Limits
 	caps   btl.Caps
 	excl   int
@@ -155,7 +148,6 @@ func (m *Module) Close() error {
 	if m.closed.Swap(true) {
 		return nil
 	}
-	m.relook.Stop()
 	m.w.mu.Lock()
 	delete(m.w.mods, m.rank)
 	m.w.mu.Unlock()

@@ -372,24 +372,3 @@ func TestSelfSpinParam(t *testing.T) {
 		require.NoError(t, m.Close())
 	}
 }
-
-// A sender whose check of parked came before the receiver parked (its
-// release-store publication leaves the two unordered) leaves its entry in
-// the ring without dispatching it; Park's timed second look dispatches it
-// (here: an entry put into the ring directly, after Park).
-func TestParkDrainsLateEntry(t *testing.T) {
-	hs, rcv, rec := pair(t)
-	send(t, hs, rec, 1, []byte("first")) // makes the pair's ring
-	rcv.Park()
-	defer rcv.Unpark()
-	require.Len(t, rec.all(), 1)
-	r := hs.(*endpoint).ring.Load()
-	require.NotNil(t, r)
-	require.True(t, r.publish(testTag, 2, ^uint64(2), []byte("late")))
-	deadline := time.Now().Add(10 * time.Second)
-	for len(rec.all()) < 2 {
-		require.True(t, time.Now().Before(deadline), "the late entry was never dispatched")
-		time.Sleep(100 * time.Microsecond)
-	}
-	require.Equal(t, got{h0: 2, h1: ^uint64(2), data: "late"}, rec.all()[1])
-}
