@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 	}
 	bin = dir
 	for _, p := range []string{"../cmd/gorun", "./progs/conform", "./progs/failer", "./progs/idlecpu", "./progs/burst",
-		"../examples/ring", "../examples/pingpong", "../examples/halo"} {
+		"../examples/ring", "../examples/pingpong", "../examples/halo", "../cmd/gompi-soak"} {
 		out, err := exec.Command("go", "build", "-o", dir+"/", p).CombinedOutput()
 		if err != nil {
 			os.Stderr.Write(out)
