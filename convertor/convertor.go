@@ -147,6 +147,30 @@ func (c *Convertor) reset(buf []byte, count int, t Datatype, pack bool) error {
 	return nil
 }
 
+// ContiguousRange returns the memory of count elements of t over buf when
+// they are one contiguous run (what Contiguous would return on a
+// Convertor made by NewPacker or NewUnpacker), without making a
+// Convertor. ok is false when they are not contiguous; err is NewPacker's
+// error for arguments it refuses.
+func ContiguousRange(buf []byte, count int, t Datatype) (mem []byte, ok bool, err error) {
+	var p *program
+	if t.d != nil {
+		p = t.d.prog.Load()
+	}
+	size, fits := packedSize(len(buf), count, t.d)
+	if p == nil || !fits {
+		return nil, false, resetError(buf, count, t)
+	}
+	l := &t.d.lay
+	if size == 0 {
+		return buf[:0:0], true, nil
+	}
+	if l.dense && (count == 1 || l.ub-l.lb == l.size) {
+		return buf[l.tlb : l.tlb+size : l.tlb+size], true, nil
+	}
+	return nil, false, nil
+}
+
 // begin sets the walk state to the start of the stream.
 func (c *Convertor) begin() {
 	c.pc, c.blk, c.off = 1, 0, 0

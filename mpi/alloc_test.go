@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/gompi-org/gompi/convertor"
 	"github.com/gompi-org/gompi/mpi"
 	"github.com/gompi-org/gompi/pml"
 )
@@ -128,4 +129,68 @@ func TestWindowReleaseAllocations(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Zero(t, allocs, "allocations per window of receives")
+}
+
+// Buffers passed straight into the calls, as users write them (a []byte
+// or []float64 variable, a Typed buffer of a contiguous datatype), cost
+// no allocation either: the calls keep only the buffer's memory, not the
+// interface value, so the compiler leaves the caller's conversion on the
+// stack.
+func TestNaturalArgumentAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	const stop = 9
+	f64x2, err := convertor.Contiguous(2, convertor.Float64)
+	require.NoError(t, err)
+	f64x2, err = f64x2.Commit()
+	require.NoError(t, err)
+	kinds := []string{"[]byte", "[]float64", "Typed"}
+	allocs := make([]float64, len(kinds))
+	err = mpi.Run(2, func(w *mpi.Comm) error {
+		b := make([]byte, 8)
+		f := make([]float64, 4)
+		if w.Rank() == 1 { // echo each kind back with blocking calls until tag stop
+			for {
+				st, err := w.Recv(f, 0, mpi.AnyTag)
+				if err != nil || st.Tag == stop {
+					return err
+				}
+				if err := w.Send(f[:st.Count/8], 0, st.Tag); err != nil {
+					return err
+				}
+			}
+		}
+		var failed error
+		check := func(err error) {
+			if err != nil && failed == nil {
+				failed = err
+			}
+		}
+		allocs[0] = testing.AllocsPerRun(200, func() {
+			check(w.Send(b, 1, 1))
+			_, err := w.Recv(b, 1, 1)
+			check(err)
+		})
+		allocs[1] = testing.AllocsPerRun(200, func() {
+			r, err := w.Irecv(f, 1, 2)
+			check(err)
+			check(w.Send(f, 1, 2))
+			if r != nil {
+				_, err = r.Wait()
+				check(err)
+			}
+		})
+		allocs[2] = testing.AllocsPerRun(200, func() {
+			check(w.Send(mpi.Typed(f, 2, f64x2), 1, 3))
+			_, err := w.Recv(mpi.Typed(f, 2, f64x2), 1, 3)
+			check(err)
+		})
+		check(w.Send(nil, 1, stop))
+		return failed
+	})
+	require.NoError(t, err)
+	for i, k := range kinds {
+		require.Zero(t, allocs[i], "allocations per round trip with %s arguments", k)
+	}
 }

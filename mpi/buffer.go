@@ -1,6 +1,8 @@
 package mpi
 
 import (
+	"reflect"
+
 	"github.com/gompi-org/gompi/convertor"
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/internal/sys"
@@ -23,7 +25,7 @@ type TypedBuffer struct {
 func Typed(base any, count int, t convertor.Datatype) TypedBuffer {
 	mem, ok := bytesOf(base)
 	if !ok {
-		return TypedBuffer{err: mpierr.Errorf(mpierr.ErrBuffer, "Typed over %T: want a slice of a fixed-size numeric type", base)}
+		return TypedBuffer{err: mpierr.Errorf(mpierr.ErrBuffer, "Typed over %s: want a slice of a fixed-size numeric type", typeName(base))}
 	}
 	return TypedBuffer{mem: mem, count: count, t: t}
 }
@@ -94,10 +96,17 @@ func bufferOf(buf any, send bool) ([]byte, pml.Convertor, error) {
 		}
 		tb = *b
 	default:
-		return nil, nil, mpierr.Errorf(mpierr.ErrBuffer, "unsupported buffer type %T", buf)
+		// The type's name comes from reflect, which does not keep buf:
+		// passing buf itself to a formatting call would make every
+		// caller's buffer argument escape (an allocation per call).
+		return nil, nil, mpierr.Errorf(mpierr.ErrBuffer, "unsupported buffer type %s", typeName(buf))
 	}
 	if tb.err != nil {
 		return nil, nil, tb.err
+	}
+	// A contiguous layout needs no convertor (an allocation per call).
+	if mem, ok, err := convertor.ContiguousRange(tb.mem, tb.count, tb.t); err != nil || ok {
+		return mem, nil, err
 	}
 	var c *convertor.Convertor
 	var err error
@@ -113,6 +122,14 @@ func bufferOf(buf any, send bool) ([]byte, pml.Convertor, error) {
 		return b, nil, nil
 	}
 	return nil, c, nil
+}
+
+// typeName is fmt's %T of v.
+func typeName(v any) string {
+	if v == nil {
+		return "<nil>"
+	}
+	return reflect.TypeOf(v).String()
 }
 
 func int64Bytes(v []int64) []byte { return sys.AsBytes(v) }
