@@ -47,7 +47,7 @@ const _ = -unsafe.Offsetof(Request{}.s)
 // allocSink returns the sink of a zero Request from rslab, in sink mode:
 // the Request is the sink's container. Called with the engine's lock
 // held. Taking Irecv's Request here saves the slab's atomic add, a locked
-// instruction per Irecv (docs/PERFORMANCE.md, twelfth session, item 6).
+// instruction per Irecv.
 func (c *Comm) allocSink() *pml.Sink {
 	var r *Request
 	if n := len(c.rfree); n > 0 {
