@@ -11,8 +11,8 @@
 // Calls go down as methods; data comes up through one Dispatcher per process
 // instance: a module hands every inbound fragment to the handler registered
 // for its tag, and reports a dead peer through Dispatcher.PeerFailed. No other
-// callbacks cross the layer, except the completion callbacks of Send, Put and
-// Get.
+// callbacks cross the layer, except the completion callbacks of Send, Put,
+// Get and Flush.
 package btl
 
 import (
@@ -127,7 +127,15 @@ type Completion func(err error)
 
 // Errors every module returns in the documented places.
 var (
-	// ErrWouldBlock: SendImmediate or Alloc could not get resources now.
+	// ErrWouldBlock: the module has no resources for the operation now.
+	// SendImmediate and Alloc return it when they cannot go ahead at once;
+	// Send, SendAlloc, Put and Get may return an error wrapping it when
+	// the module's queue to that peer is full (a NIC's send queue, its
+	// credits). Then nothing was posted or delivered, the completion is
+	// not called, the caller still owns every buffer it passed (a
+	// SendAlloc's buf included: send it again later or Free it), and it
+	// retries later, after polling the module (Poller.Progress), which is
+	// what frees queue space.
 	ErrWouldBlock = errors.New("btl: would block")
 	// ErrUnreachable: the module cannot reach that peer.
 	ErrUnreachable = errors.New("btl: peer unreachable")
@@ -212,6 +220,12 @@ type SyncGetter interface {
 // Endpoint is a module's connection to one peer. All methods are safe for
 // concurrent use. Fragments sent with Send, SendImmediate and SendAlloc on
 // one endpoint arrive in order (per endpoint, not across endpoints).
+//
+// Send, SendAlloc, Put and Get may refuse with an error wrapping
+// ErrWouldBlock when the module's queue to the peer is full (see
+// ErrWouldBlock: nothing happened, the caller retries). A caller that
+// needs its fragments in order must then hold back its later operations
+// on the endpoint until the refused one went through.
 type Endpoint interface {
 	Module() Module
 	Peer() int // world rank
@@ -233,7 +247,9 @@ type Endpoint interface {
 	// returns with Free. ErrWouldBlock when none is available now.
 	Alloc(size int) ([]byte, error)
 	// SendAlloc sends buf (from Alloc): its first hdrLen bytes are the header.
-	// Ownership of buf returns to the module; completion as for Send.
+	// Ownership of buf returns to the module (also on error), except on
+	// ErrWouldBlock, which leaves buf with the caller; completion as for
+	// Send.
 	SendAlloc(tag Tag, buf []byte, hdrLen int, cb Completion) (done bool, err error)
 	// Free returns an unsent Alloc buffer.
 	Free(buf []byte)
@@ -242,14 +258,33 @@ type Endpoint interface {
 	// at byte offset off. Get reads from it into local. local is owned by the
 	// module until completion (done or cb, as for Send). They need CapPut /
 	// CapGet; a handle that does not decode or a range outside the
-	// registration is an error wrapping ErrBadHandle. A Put's data is in
-	// the peer's memory before any fragment sent on this endpoint after
-	// the Put completed arrives (the FIN that announces it relies on this).
-	// A handle names memory only while its Registration is held; a handle
-	// from another module or a released one is ErrBadHandle, never a write
-	// elsewhere.
+	// registration is an error wrapping ErrBadHandle (nothing is posted,
+	// cb is not called). A Put's data is in the peer's memory before any
+	// fragment sent on this endpoint after the Put completed arrives (the
+	// FIN that announces it relies on this). A handle names memory only
+	// while its Registration is held; a handle from another module or a
+	// released one is ErrBadHandle, never a write elsewhere.
+	//
+	// local is ordinary memory: the caller does not register it. A module
+	// whose hardware needs the local side registered too (a NIC's lkey)
+	// registers local itself, through a registration cache that keeps
+	// registrations for reuse (leave_pinned), and keeps local reachable
+	// (and pinned) until completion; a registration failure is an error
+	// return with nothing posted. Empty local completes at once.
 	Put(local []byte, handle []byte, off int, cb Completion) (done bool, err error)
 	Get(local []byte, handle []byte, off int, cb Completion) (done bool, err error)
+
+	// Flush is a fence: it completes once every Send, SendAlloc, Put and
+	// Get posted on this endpoint before the call has completed (those
+	// that returned done, an error or ErrWouldBlock count as completed;
+	// SendImmediate fragments are not covered). done == true means that
+	// was already so (cb is not called); otherwise cb is called once
+	// later, after the covered operations' own completions, with nil, or
+	// with the error that ended the endpoint meanwhile (peer failed,
+	// module closed) when some of them failed with it. Operations posted
+	// after the call are not waited for. An error return (module closed)
+	// means nothing was fenced and cb is not called.
+	Flush(cb Completion) (done bool, err error)
 }
 
 // Poller is implemented by modules whose inbound fragments are found by

@@ -25,12 +25,18 @@ type Peer struct {
 	// Kill, if set, ends the module as a crash of its process would: no
 	// goodbye to the peers. The failure tests are skipped without it.
 	Kill func()
+	// WouldBlock, if set, makes the module's next n Send, SendAlloc, Put
+	// and Get calls refuse with ErrWouldBlock (its queues full), n < 0
+	// every call until WouldBlock(0). The WouldBlock test is skipped
+	// without it.
+	WouldBlock func(n int)
 }
 
 // The tags the suite registers.
 const (
 	TagData   btl.Tag = 0x41
 	TagMarker btl.Tag = 0x42
+	TagCheck  btl.Tag = 0x43 // PutVisible's: its handler looks at the registered memory
 )
 
 // Timeout bounds every wait of the suite.
@@ -52,14 +58,17 @@ var Timeout = 30 * time.Second
 // after Close every operation fails with ErrClosed; a killed peer is
 // reported with PeerFailed (an error wrapping mpierr.ErrProcFailed) once,
 // sends in flight to it complete, later ones fail, and other peers are
-// unaffected. Every wait is bounded by Timeout.
+// unaffected. Flush completes at once on an endpoint where nothing was
+// posted, and otherwise only after every Send, SendAlloc, Put and Get
+// posted before it completed, once. A fragment sent after a Put completed
+// (its completion, or a Flush's) finds the Put's data in the peer's
+// memory when its handler runs. An operation refused with ErrWouldBlock
+// (Peer.WouldBlock) delivers and writes nothing and calls no completion.
+// Every wait is bounded by Timeout; the suite retries operations refused
+// with ErrWouldBlock.
 //
 // The Polled subtests repeat some of these while a goroutine per rank
 // calls Progress in a loop, for modules that implement btl.Poller.
-//
-// Beyond btl.go the suite relies on one ordering rule that the PML's FIN
-// protocol needs: a fragment sent on an endpoint after a Put on it
-// completed is delivered after the Put's data is in the peer's memory.
 func Run(t *testing.T, mk func(t *testing.T, n int) []Peer) {
 	t.Run("Ordered", func(t *testing.T) { testOrdered(t, mk) })
 	t.Run("HdrDataSplit", func(t *testing.T) { testSplit(t, mk) })
@@ -71,12 +80,18 @@ func Run(t *testing.T, mk func(t *testing.T, n int) []Peer) {
 	t.Run("Close", func(t *testing.T) { testClose(t, mk) })
 	t.Run("PeerKilled", func(t *testing.T) { testPeerKilled(t, mk) })
 	t.Run("PeerKilledBeforeConnect", func(t *testing.T) { testKilledBeforeConnect(t, mk) })
+	t.Run("FlushIdle", func(t *testing.T) { testFlushIdle(t, mk) })
+	t.Run("Flush", func(t *testing.T) { testFlush(t, mk) })
+	t.Run("PutVisible", func(t *testing.T) { testPutVisible(t, mk) })
+	t.Run("WouldBlock", func(t *testing.T) { testWouldBlock(t, mk) })
 	t.Run("Polled", func(t *testing.T) {
 		pmk := polled(mk)
 		t.Run("Ordered", func(t *testing.T) { testOrdered(t, pmk) })
 		t.Run("ConcurrentSenders", func(t *testing.T) { testConcurrent(t, pmk) })
 		t.Run("PutGet", func(t *testing.T) { testPutGet(t, pmk) })
 		t.Run("PeerKilled", func(t *testing.T) { testPeerKilled(t, pmk) })
+		t.Run("Flush", func(t *testing.T) { testFlush(t, pmk) })
+		t.Run("PutVisible", func(t *testing.T) { testPutVisible(t, pmk) })
 	})
 }
 
@@ -317,12 +332,40 @@ func (c *completions) record(err error) {
 }
 
 func (c *completions) send(ep btl.Endpoint, tag btl.Tag, hdr, data []byte) error {
+	return c.post(ep, func(cb btl.Completion) (bool, error) { return ep.Send(tag, hdr, data, cb) })
+}
+
+// post starts one tracked operation with op, again while it refuses with
+// ErrWouldBlock (polling the module in between, which frees its queues),
+// for at most Timeout.
+func (c *completions) post(ep btl.Endpoint, op func(btl.Completion) (bool, error)) error {
 	cb, finish := c.cb()
-	done, err := ep.Send(tag, hdr, data, cb)
+	done, err := retry(ep, func() (bool, error) { return op(cb) })
 	if done || err != nil {
 		finish()
 	}
 	return err
+}
+
+// retry calls op until it does not refuse with ErrWouldBlock or Timeout
+// passed, polling ep's module (when it is a btl.Poller) between calls.
+func retry(ep btl.Endpoint, op func() (bool, error)) (bool, error) {
+	var deadline time.Time
+	for {
+		done, err := op()
+		if !errors.Is(err, btl.ErrWouldBlock) {
+			return done, err
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(Timeout)
+		} else if time.Now().After(deadline) {
+			return false, fmt.Errorf("still refused after %v: %w", Timeout, err)
+		}
+		if p, ok := ep.Module().(btl.Poller); ok {
+			p.Progress()
+		}
+		runtime.Gosched()
+	}
 }
 
 // settle waits until every tracked operation completed and returns the
@@ -528,7 +571,7 @@ func testAlloc(t *testing.T, mk func(*testing.T, int) []Peer) {
 		copy(b, dataHdr(0, 0, i, size-16))
 		copy(b[16:], payload(0, i, size-16))
 		cb, finish := c.cb()
-		done, err := ep.SendAlloc(TagData, b, 16, cb)
+		done, err := retry(ep, func() (bool, error) { return ep.SendAlloc(TagData, b, 16, cb) })
 		require.NoError(t, err, "SendAlloc(%d)", size)
 		if done {
 			finish()
@@ -602,7 +645,7 @@ func testPutGet(t *testing.T, mk func(*testing.T, int) []Peer) {
 			local := payload(0, i, k.size)
 			var c completions
 			cb, finish := c.cb()
-			done, err := ep.Put(local, handle, k.off, cb)
+			done, err := retry(ep, func() (bool, error) { return ep.Put(local, handle, k.off, cb) })
 			require.NoError(t, err, "Put %d bytes at %d", k.size, k.off)
 			if done {
 				finish()
@@ -626,7 +669,7 @@ func testPutGet(t *testing.T, mk func(*testing.T, int) []Peer) {
 			local := buf[guard : guard+k.size]
 			var c completions
 			cb, finish := c.cb()
-			done, err := ep.Get(local, handle, k.off, cb)
+			done, err := retry(ep, func() (bool, error) { return ep.Get(local, handle, k.off, cb) })
 			require.NoError(t, err, "Get %d bytes at %d", k.size, k.off)
 			if done {
 				finish()
@@ -775,7 +818,7 @@ func (j *job) sendFails(ep btl.Endpoint, h []byte) {
 	if h != nil {
 		var c completions
 		cb, finish := c.cb()
-		done, err := ep.Put(payload(0, 0, 64), h, 0, cb)
+		done, err := retry(ep, func() (bool, error) { return ep.Put(payload(0, 0, 64), h, 0, cb) })
 		if done || err != nil {
 			finish()
 		}
@@ -837,4 +880,253 @@ func testKilledBeforeConnect(t *testing.T, mk func(*testing.T, int) []Peer) {
 	j.expectFailure(0, 1)
 	c.settle(t)
 	j.sendFails(ep, h)
+}
+
+// testFlushIdle: Flush on an endpoint where nothing was posted completes
+// during the call.
+func testFlushIdle(t *testing.T, mk func(*testing.T, int) []Peer) {
+	j := start(t, mk, 2)
+	ep := j.ep(0, 1)
+	never := func(err error) { t.Errorf("Flush with nothing posted called its completion (%v)", err) }
+	done, err := ep.Flush(never)
+	require.NoError(t, err)
+	require.True(t, done, "Flush with nothing posted must complete at once")
+}
+
+// testFlush posts bursts of Sends (of the largest size: they queue in a
+// socket or a ring), Puts and Gets, then a Flush: when the Flush
+// completes, every operation before it has completed (the Gets' bytes
+// are in local memory), and the Flush completes once.
+func testFlush(t *testing.T, mk func(*testing.T, int) []Peer) {
+	j := start(t, mk, 2)
+	ep := j.ep(0, 1)
+	caps := j.peers[0].Module.Caps()
+	const chunk, puts = 16 << 10, 4 // per round: Puts into the first half, Gets from the second
+	var target []byte
+	var handle []byte
+	if caps&btl.CapRDMA != 0 {
+		target = make([]byte, 2*puts*chunk)
+		copy(target[puts*chunk:], pattern)
+		reg, err := j.peers[1].Module.Register(target, btl.AccessRemoteWrite|btl.AccessRemoteRead)
+		require.NoError(t, err)
+		defer reg.Release()
+		handle = bytes.Clone(reg.Handle())
+	}
+	j.marker(0, 1)
+	max := j.limit() - 16
+	const rounds, count = 4, 48
+	for round := range rounds {
+		var c completions
+		var gets [][]byte
+		for seq := range count {
+			size := max
+			if seq%3 == 1 {
+				size = seq
+			}
+			require.NoError(t, c.send(ep, TagData, dataHdr(0, round, seq, size), payload(0, round<<20|seq, size)))
+			if k := seq / (count / puts); seq%(count/puts) == 0 {
+				if caps&btl.CapPut != 0 {
+					local := payload(1, round<<8|k, chunk)
+					require.NoError(t, c.post(ep, func(cb btl.Completion) (bool, error) { return ep.Put(local, handle, k*chunk, cb) }))
+				}
+				if caps&btl.CapGet != 0 {
+					local := make([]byte, chunk)
+					gets = append(gets, local)
+					require.NoError(t, c.post(ep, func(cb btl.Completion) (bool, error) {
+						return ep.Get(local, handle, (puts+k)*chunk, cb)
+					}))
+				}
+			}
+		}
+		var calls atomic.Int32
+		left := make(chan int64, 2)
+		done, err := ep.Flush(func(err error) {
+			calls.Add(1)
+			if err != nil {
+				c.record(fmt.Errorf("Flush completed with %w", err))
+			}
+			left <- c.n.Load()
+		})
+		require.NoError(t, err, "Flush")
+		if done {
+			left <- c.n.Load()
+		}
+		select {
+		case n := <-left:
+			require.Zero(t, n, "round %d: Flush completed while operations before it had not", round)
+		case <-time.After(Timeout):
+			t.Fatalf("round %d: Flush did not complete within %v (%d operations outstanding)", round, Timeout, c.n.Load())
+		}
+		for k, local := range gets {
+			require.True(t, bytes.Equal(local, target[(puts+k)*chunk:][:chunk]), "round %d: Get %d: bytes not in place when Flush completed", round, k)
+		}
+		c.wait(t)
+		j.marker(0, 1)
+		if !done {
+			require.Equal(t, int32(1), calls.Load(), "round %d: Flush completions", round)
+		}
+		if caps&btl.CapPut != 0 {
+			for k := range puts {
+				require.True(t, bytes.Equal(target[k*chunk:][:chunk], payload(1, round<<8|k, chunk)), "round %d: Put %d: data", round, k)
+			}
+		}
+	}
+	fs := j.in[1].wait(t, "all fragments", countData(0, rounds*count))
+	counts := map[int]int{}
+	for round := range rounds {
+		counts[round] = count
+	}
+	checkStream(t, dataFrom(fs, 0), 0, counts)
+}
+
+// testPutVisible: a fragment sent after a Put completed finds the Put's
+// bytes in the peer's memory when its handler runs, whether the sender
+// learnt of the completion from the Put (done, or its callback, where the
+// PML sends its FIN from) or from a Flush after it.
+func testPutVisible(t *testing.T, mk func(*testing.T, int) []Peer) {
+	j := start(t, mk, 2)
+	if j.peers[0].Module.Caps()&btl.CapPut == 0 {
+		t.Skip("module has no put")
+	}
+	sizes := []int{1, 4096, 65539, 1 << 20, 7, 300001, 2 << 20, 64}
+	offs := make([]int, len(sizes))
+	total := 0
+	for i, n := range sizes {
+		offs[i] = total
+		total += n + 3
+	}
+	target := make([]byte, total)
+	reg, err := j.peers[1].Module.Register(target, btl.AccessRemoteWrite)
+	require.NoError(t, err)
+	defer reg.Release()
+	handle := bytes.Clone(reg.Handle())
+	want := func(i int) []byte { return payload(2, i, sizes[i]) }
+	seen := make(chan [2]int, len(sizes)) // case, 1 if the bytes were in place
+	j.peers[1].Dispatch.Register(TagCheck, func(_ btl.Endpoint, hdr, _ []byte) {
+		i := int(binary.LittleEndian.Uint32(hdr))
+		ok := 0
+		if i < len(sizes) && bytes.Equal(target[offs[i]:][:sizes[i]], want(i)) {
+			ok = 1
+		}
+		seen <- [2]int{i, ok}
+	})
+	ep := j.ep(0, 1)
+	j.marker(0, 1)
+	var c completions
+	check := func(i int) {
+		h := binary.LittleEndian.AppendUint32(nil, uint32(i))
+		if err := c.send(ep, TagCheck, h, nil); err != nil {
+			c.record(fmt.Errorf("case %d: check fragment: %w", i, err))
+		}
+	}
+	for i := range sizes {
+		local := want(i)
+		cb, finish := c.cb()
+		byFlush := i%2 == 1
+		done, err := retry(ep, func() (bool, error) {
+			return ep.Put(local, handle, offs[i], func(err error) {
+				if err == nil && !byFlush {
+					check(i)
+				}
+				cb(err)
+			})
+		})
+		require.NoError(t, err, "case %d: Put", i)
+		if done {
+			finish()
+			if !byFlush {
+				check(i)
+			}
+		}
+		if byFlush {
+			fcb, ffinish := c.cb()
+			fdone, err := ep.Flush(func(err error) {
+				if err == nil {
+					check(i)
+				}
+				fcb(err)
+			})
+			require.NoError(t, err, "case %d: Flush", i)
+			if fdone {
+				check(i)
+				ffinish()
+			}
+		}
+		select {
+		case got := <-seen:
+			require.Equal(t, [2]int{i, 1}, got, "case %d (%d bytes, by %s): the Put's bytes were not in place when the fragment sent after it arrived", i, sizes[i], map[bool]string{true: "Flush", false: "completion"}[byFlush])
+		case <-time.After(Timeout):
+			t.Fatalf("case %d: no check fragment within %v", i, Timeout)
+		}
+	}
+	c.wait(t)
+}
+
+// testWouldBlock: an operation refused with ErrWouldBlock (Peer.WouldBlock)
+// delivers nothing, writes and reads nothing, calls no completion, and
+// leaves a SendAlloc's buffer with the caller; the operations accepted
+// around it arrive in order.
+func testWouldBlock(t *testing.T, mk func(*testing.T, int) []Peer) {
+	j := start(t, mk, 2)
+	block := j.peers[0].WouldBlock
+	if block == nil {
+		t.Skip("Peer.WouldBlock not provided")
+	}
+	defer block(0)
+	ep := j.ep(0, 1)
+	j.marker(0, 1)
+	never := func(err error) { t.Errorf("completion called for an operation refused with ErrWouldBlock (%v)", err) }
+	var c completions
+	sent := 0
+	max := j.limit() - 16
+	for k := range 40 {
+		size := (k * 997) % (max + 1)
+		h, data := dataHdr(0, 0, sent, size), payload(0, sent, size)
+		if k%2 == 0 {
+			block(1)
+			_, err := ep.Send(TagData, h, data, never)
+			require.ErrorIs(t, err, btl.ErrWouldBlock, "Send %d after WouldBlock(1)", k)
+			continue
+		}
+		require.NoError(t, c.send(ep, TagData, h, data), "Send %d", k)
+		sent++
+	}
+	buf, err := ep.Alloc(64)
+	if err == nil {
+		copy(buf, dataHdr(0, 0, sent, 48))
+		copy(buf[16:], payload(0, sent, 48))
+		block(1)
+		_, err = ep.SendAlloc(TagData, buf, 16, never)
+		require.ErrorIs(t, err, btl.ErrWouldBlock, "SendAlloc after WouldBlock(1)")
+		ep.Free(buf) // still ours after the refusal
+	} else {
+		require.ErrorIs(t, err, btl.ErrWouldBlock, "Alloc")
+	}
+	caps := j.peers[0].Module.Caps()
+	const size = 4096
+	target := bytes.Repeat([]byte{0x5A}, size)
+	if caps&btl.CapRDMA != 0 {
+		reg, err := j.peers[1].Module.Register(target, btl.AccessRemoteWrite|btl.AccessRemoteRead)
+		require.NoError(t, err)
+		defer reg.Release()
+		h := bytes.Clone(reg.Handle())
+		local := bytes.Repeat([]byte{0xA5}, size)
+		if caps&btl.CapPut != 0 {
+			block(1)
+			_, err := ep.Put(local, h, 0, never)
+			require.ErrorIs(t, err, btl.ErrWouldBlock, "Put after WouldBlock(1)")
+		}
+		if caps&btl.CapGet != 0 {
+			block(1)
+			_, err := ep.Get(local, h, 0, never)
+			require.ErrorIs(t, err, btl.ErrWouldBlock, "Get after WouldBlock(1)")
+			require.Equal(t, bytes.Repeat([]byte{0xA5}, size), local, "a refused Get wrote local memory")
+		}
+	}
+	block(0)
+	c.wait(t)
+	j.marker(0, 1)
+	fs := j.in[1].wait(t, "marker", func(fs []frag) bool { return markers(fs, 0) >= 2 })
+	checkStream(t, dataFrom(fs, 0), 0, map[int]int{0: sent})
+	require.Equal(t, bytes.Repeat([]byte{0x5A}, size), target, "a refused Put wrote the peer's memory")
 }

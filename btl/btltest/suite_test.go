@@ -26,6 +26,7 @@ type memModule struct {
 	closed atomic.Bool
 	dead   atomic.Bool
 	caps   btl.Caps
+	block  atomic.Int64 // Send, SendAlloc, Put, Get calls to refuse with ErrWouldBlock (< 0: all)
 
 	mu   sync.Mutex
 	eps  map[int]*memEP
@@ -39,9 +40,23 @@ type memWorld struct{ mods []*memModule }
 type memEP struct {
 	m    *memModule
 	peer int
-	q    chan func() // run on the peer's side, in order
+	q    chan func()  // run on the peer's side, in order
+	out  atomic.Int64 // functions posted to q and not run yet
 	stop chan struct{}
 	wg   sync.WaitGroup
+}
+
+// refuse reports whether the module's WouldBlock count refuses this call.
+func (m *memModule) refuse() bool {
+	for {
+		n := m.block.Load()
+		if n == 0 {
+			return false
+		}
+		if n < 0 || m.block.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
 }
 
 func (m *memModule) Name() string   { return "mem" }
@@ -88,6 +103,7 @@ func (m *memModule) ep(peer int) *memEP {
 			select {
 			case f := <-e.q:
 				f()
+				e.out.Add(-1)
 			case <-e.stop:
 				return
 			}
@@ -168,12 +184,23 @@ func (e *memEP) post(f func()) error {
 		e.m.peerFailed(e.peer)
 		return mpierr.Errorf(mpierr.ErrProcFailed, "mem: rank %d is gone", e.peer)
 	}
+	e.out.Add(1)
 	select {
 	case e.q <- f:
 		return nil
 	case <-e.stop:
+		e.out.Add(-1)
 		return e.m.errClosed()
 	}
+}
+
+// Flush is done when nothing posted is left to run, else completes from
+// the delivery goroutine behind what was posted before.
+func (e *memEP) Flush(cb btl.Completion) (bool, error) {
+	if e.out.Load() == 0 {
+		return !e.m.closed.Load(), nil
+	}
+	return false, e.post(func() { cb(nil) })
 }
 
 func (e *memEP) deliver(tag btl.Tag, hdr, data []byte) error {
@@ -189,9 +216,15 @@ func (e *memEP) deliver(tag btl.Tag, hdr, data []byte) error {
 
 func (e *memEP) SendImmediate(tag btl.Tag, hdr, data []byte) error { return e.deliver(tag, hdr, data) }
 func (e *memEP) Send(tag btl.Tag, hdr, data []byte, _ btl.Completion) (bool, error) {
+	if e.m.refuse() {
+		return false, btl.ErrWouldBlock
+	}
 	return true, e.deliver(tag, hdr, data)
 }
 func (e *memEP) SendAlloc(tag btl.Tag, buf []byte, n int, _ btl.Completion) (bool, error) {
+	if e.m.refuse() {
+		return false, btl.ErrWouldBlock
+	}
 	return true, e.deliver(tag, buf[:n], buf[n:])
 }
 
@@ -205,6 +238,9 @@ func (e *memEP) rdma(local, handle []byte, off int, cb btl.Completion, put bool)
 	id, size := binary.LittleEndian.Uint64(handle), binary.LittleEndian.Uint64(handle[8:])
 	if off < 0 || uint64(off) > size || uint64(len(local)) > size-uint64(off) {
 		return false, btl.ErrBadHandle
+	}
+	if e.m.refuse() {
+		return false, btl.ErrWouldBlock
 	}
 	p := e.m.w.mods[e.peer]
 	return false, e.post(func() {
@@ -235,7 +271,7 @@ func memPeers(caps btl.Caps) func(t *testing.T, n int) []btltest.Peer {
 			m := &memModule{w: w, rank: i, d: &btl.Dispatcher{}, caps: caps,
 				eps: map[int]*memEP{}, regs: map[uint64][]byte{}, gone: map[int]bool{}}
 			w.mods = append(w.mods, m)
-			peers[i] = btltest.Peer{Module: m, Dispatch: m.d, Kill: m.kill}
+			peers[i] = btltest.Peer{Module: m, Dispatch: m.d, Kill: m.kill, WouldBlock: func(n int) { m.block.Store(int64(n)) }}
 			t.Cleanup(func() { m.Close() })
 		}
 		return peers

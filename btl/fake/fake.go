@@ -7,7 +7,9 @@
 // Network's pending queue; the test drives delivery with Step, Deliver and
 // DeliverAll, shuffles the queue with Reorder, loses operations with Drop,
 // breaks links with Cut and Kill, and injects failures with FailNextPut,
-// FailNextGet, RefuseImmediate and RefuseAlloc. Trace returns one readable
+// FailNextGet, RefuseImmediate and RefuseAlloc, and full queues with
+// WouldBlock and WouldBlockRate (Send, SendAlloc, Put and Get refuse with
+// btl.ErrWouldBlock, by count or by a seeded rate). Trace returns one readable
 // line per event; Violations lists the transport-contract breaches the
 // fake detected in its user (a buffer changed while the transport owned
 // it, a fragment above the size limits, RDMA on released memory).
@@ -21,7 +23,9 @@
 // Completion semantics, as a real asynchronous transport: Send and SendAlloc
 // return done == false and call their Completion when the test delivers the
 // fragment (SetLocalCompletion(true) makes them complete at once instead);
-// Put and Get complete through their Completion when delivered. Handlers run
+// Put and Get complete through their Completion when delivered; Flush
+// completes when the last operation its endpoint started before it and
+// reported not done has completed. Handlers run
 // on the goroutine that calls Deliver (or Step, DeliverAll); the fake never
 // holds its lock while calling a handler or a completion.
 package fake
@@ -155,6 +159,15 @@ type Op struct {
 	local     []byte         // Get: destination
 	cb        btl.Completion // nil when done was returned at start
 	ownership bool           // check orig against Data at delivery
+	async     bool           // its start returned done == false: a Flush waits for it
+	fences    []*fence       // the Flushes waiting for it (guarded by Network.mu)
+}
+
+// fence is a Flush waiting for operations of its endpoint.
+type fence struct {
+	out int   // operations not completed yet (guarded by Network.mu)
+	err error // the first error one completed with
+	cb  btl.Completion
 }
 
 // Formatter describes a fragment's header for the trace.
@@ -193,14 +206,18 @@ type Network struct {
 	localDone bool
 	failPut   int
 	failGet   int
-	refuseImm int // < 0: always
-	refuseAlc int // < 0: always
+	refuseImm int        // < 0: always
+	refuseAlc int        // < 0: always
+	blockN    int        // Send, SendAlloc, Put, Get refused with ErrWouldBlock (< 0: always)
+	blockRate float64    // and this fraction of the others, drawn from blockRng
+	blockRng  *rand.Rand // nil: no rate
 	allocs    int
+	live      map[*Op]struct{} // started, reported not done, not completed yet (Flush waits for them)
 }
 
 // NewNetwork makes an empty network.
 func NewNetwork() *Network {
-	return &Network{mods: map[int]*Module{}, regs: map[uint64]*region{}, dead: map[link]error{}, format: defaultFormat, starts: true}
+	return &Network{mods: map[int]*Module{}, regs: map[uint64]*region{}, dead: map[link]error{}, live: map[*Op]struct{}{}, format: defaultFormat, starts: true}
 }
 
 // SetFormatter sets how fragment headers are described in the trace.
@@ -245,6 +262,48 @@ func (n *Network) RefuseImmediate(count int) { n.mu.Lock(); n.refuseImm = count;
 // RefuseAlloc makes the next count Alloc calls fail with btl.ErrWouldBlock
 // (count < 0: every call until RefuseAlloc(0)).
 func (n *Network) RefuseAlloc(count int) { n.mu.Lock(); n.refuseAlc = count; n.mu.Unlock() }
+
+// WouldBlock makes the next count Send, SendAlloc, Put and Get calls
+// (count < 0: every call until WouldBlock(0)) refuse with an error
+// wrapping btl.ErrWouldBlock, as a transport whose queue to the peer is
+// full: nothing is queued and the completion is not called.
+func (n *Network) WouldBlock(count int) { n.mu.Lock(); n.blockN = count; n.mu.Unlock() }
+
+// WouldBlockRate makes Send, SendAlloc, Put and Get calls refuse with
+// btl.ErrWouldBlock with probability rate, drawn from a generator seeded
+// with seed (the same calls in the same order get the same answers).
+// rate 0 turns it off. WouldBlock's count is used up first.
+func (n *Network) WouldBlockRate(rate float64, seed uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.blockRate, n.blockRng = rate, nil
+	if rate > 0 {
+		n.blockRng = rand.New(rand.NewPCG(seed, 0x2545f4914f6cdd1d))
+	}
+}
+
+// wouldBlockLocked says whether this operation is refused (WouldBlock,
+// WouldBlockRate), and traces the refusal.
+func (n *Network) wouldBlockLocked(from, to int, kind Kind) bool {
+	refuse := false
+	switch {
+	case n.blockN != 0:
+		if n.blockN > 0 {
+			n.blockN--
+		}
+		refuse = true
+	case n.blockRng != nil:
+		refuse = n.blockRng.Float64() < n.blockRate
+	}
+	if refuse {
+		n.logLocked("%d->%d %s would block", from, to, kind)
+	}
+	return refuse
+}
+
+func errWouldBlock(kind Kind) error {
+	return fmt.Errorf("fake: %s: queue full: %w", kind, btl.ErrWouldBlock)
+}
 
 // Attach makes the module of world rank rank, delivering to d.
 func (n *Network) Attach(rank int, d *btl.Dispatcher, cfg Config) *Module {
@@ -384,12 +443,10 @@ func (n *Network) Drop(i int) error {
 	n.mu.Lock()
 	n.logLocked("#%d %d->%d dropped %s", op.ID, op.From, op.To, n.describeLocked(op))
 	n.mu.Unlock()
-	if op.cb != nil {
-		if op.Kind.IsSend() {
-			op.cb(nil)
-		} else {
-			op.cb(ErrDropped)
-		}
+	if op.Kind.IsSend() {
+		n.complete(op, nil)
+	} else {
+		n.complete(op, ErrDropped)
 	}
 	return nil
 }
@@ -449,10 +506,13 @@ func (n *Network) Reorder(seed uint64) {
 // dispatchers get PeerFailed for the other side, then every pending
 // operation between them completes with an error wrapping btl.ErrClosed.
 // Later operations on the link fail at once with such an error.
-func (n *Network) Cut(a, b int) { n.cut(a, b, true, true) }
+func (n *Network) Cut(a, b int) {
+	n.cut(a, b, true, true, fmt.Errorf("fake: link %d-%d cut: %w", a, b, btl.ErrClosed))
+}
 
 // Kill makes rank r die: every link of r is cut and the survivors'
-// dispatchers get PeerFailed(r). r's own dispatcher is not told.
+// dispatchers get PeerFailed(r), with an error wrapping
+// mpierr.ErrProcFailed and btl.ErrClosed. r's own dispatcher is not told.
 func (n *Network) Kill(r int) {
 	n.mu.Lock()
 	var peers []int
@@ -464,7 +524,7 @@ func (n *Network) Kill(r int) {
 	n.mu.Unlock()
 	sortInts(peers)
 	for _, p := range peers {
-		n.cut(r, p, false, true)
+		n.cut(r, p, false, true, fmt.Errorf("fake: rank %d killed: %w (%w)", r, mpierr.ErrProcFailed, btl.ErrClosed))
 	}
 }
 
@@ -476,8 +536,7 @@ func sortInts(a []int) {
 	}
 }
 
-func (n *Network) cut(a, b int, tellA, tellB bool) {
-	err := fmt.Errorf("fake: link %d-%d cut: %w", a, b, btl.ErrClosed)
+func (n *Network) cut(a, b int, tellA, tellB bool, err error) {
 	n.mu.Lock()
 	n.dead[link{a, b}] = err
 	n.dead[link{b, a}] = err
@@ -504,9 +563,7 @@ func (n *Network) cut(a, b int, tellA, tellB bool) {
 		mb.disp.PeerFailed(a, err)
 	}
 	for _, op := range failed {
-		if op.cb != nil {
-			op.cb(err)
-		}
+		n.complete(op, err)
 	}
 }
 
@@ -552,11 +609,14 @@ func (n *Network) enqueue(op *Op) (done bool) {
 	op.ID = n.nextOp
 	if n.inline {
 		n.mu.Unlock()
-		op.cb = nil // reported as done by the caller
+		op.cb, op.async = nil, false // reported as done by the caller
 		n.perform(op)
 		return true
 	}
 	n.queue = append(n.queue, op)
+	if op.async {
+		n.live[op] = struct{}{}
+	}
 	if n.starts {
 		n.logLocked("  +#%d %d->%d %s", op.ID, op.From, op.To, n.shortLocked(op))
 	}
@@ -587,18 +647,14 @@ func (n *Network) perform(op *Op) {
 	if err := n.dead[link{op.From, op.To}]; err != nil {
 		n.logLocked("#%d %d->%d %s: link cut", op.ID, op.From, op.To, n.describeLocked(op))
 		n.mu.Unlock()
-		if op.cb != nil {
-			op.cb(err)
-		}
+		n.complete(op, err)
 		return
 	}
 	to, from := n.mods[op.To], n.mods[op.From]
 	if to == nil || from == nil || to.isClosed() || from.isClosed() {
 		n.logLocked("#%d %d->%d %s: closed", op.ID, op.From, op.To, n.describeLocked(op))
 		n.mu.Unlock()
-		if op.cb != nil {
-			op.cb(btl.ErrClosed)
-		}
+		n.complete(op, btl.ErrClosed)
 		return
 	}
 	if op.Kind.IsSend() {
@@ -617,9 +673,7 @@ func (n *Network) perform(op *Op) {
 		to.disp.Dispatch(ep, op.Tag, h, d)
 		scribble(h)
 		scribble(d)
-		if op.cb != nil {
-			op.cb(nil)
-		}
+		n.complete(op, nil)
 		return
 	}
 	err := op.Fail
@@ -650,8 +704,34 @@ func (n *Network) perform(op *Op) {
 			from.count(func(c *btl.Counters) { c.Gets++; c.GetBytes += int64(op.Len) })
 		}
 	}
+	n.complete(op, err)
+}
+
+// complete runs op's completion with err, then tells the fences (Flush)
+// that wait for op.
+func (n *Network) complete(op *Op, err error) {
 	if op.cb != nil {
 		op.cb(err)
+	}
+	if !op.async {
+		return
+	}
+	n.mu.Lock()
+	delete(n.live, op)
+	var done []*fence
+	for _, f := range op.fences {
+		if err != nil && f.err == nil {
+			f.err = err
+		}
+		if f.out--; f.out == 0 {
+			done = append(done, f)
+			n.logLocked("%d->%d flush done", op.From, op.To)
+		}
+	}
+	op.fences = nil
+	n.mu.Unlock()
+	for _, f := range done {
+		f.cb(f.err)
 	}
 }
 
@@ -770,6 +850,9 @@ func (m *Module) isClosed() bool {
 
 // AddProc returns the endpoint to peer if peer is attached to the network.
 func (m *Module) AddProc(peer int) (btl.Endpoint, error) {
+	if m.isClosed() {
+		return nil, fmt.Errorf("fake: rank %d closed: %w", m.rank, btl.ErrClosed)
+	}
 	m.net.mu.Lock()
 	_, ok := m.net.mods[peer]
 	m.net.mu.Unlock()
@@ -813,6 +896,9 @@ func (e *syncEndpoint) GetNow(local, handle []byte, off int) error {
 
 // Register records mem in the network's table; the handle is (id, length).
 func (m *Module) Register(mem []byte, access btl.Access) (btl.Registration, error) {
+	if m.isClosed() {
+		return nil, fmt.Errorf("fake: rank %d closed: %w", m.rank, btl.ErrClosed)
+	}
 	n := m.net
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -940,9 +1026,21 @@ func (e *endpoint) Send(tag btl.Tag, hdr, data []byte, cb btl.Completion) (bool,
 	if e.m.cfg.Caps&btl.CapSend == 0 {
 		return false, mpierr.Errorf(mpierr.ErrNotSupported, "fake: send without CapSend")
 	}
+	if e.wouldBlock(KindSend) {
+		return false, errWouldBlock(KindSend)
+	}
 	e.checkSize(KindSend, len(hdr)+len(data))
 	op := e.newSend(KindSend, tag, hdr, data)
 	return e.start(op, data, cb), nil
+}
+
+// wouldBlock says whether an operation of kind on e is refused now
+// (Network.WouldBlock, WouldBlockRate).
+func (e *endpoint) wouldBlock(kind Kind) bool {
+	n := e.m.net
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.wouldBlockLocked(e.m.rank, e.peer, kind)
 }
 
 func (e *endpoint) start(op *Op, owned []byte, cb btl.Completion) bool {
@@ -954,7 +1052,7 @@ func (e *endpoint) start(op *Op, owned []byte, cb btl.Completion) bool {
 		op.orig, op.ownership = owned, true
 	}
 	if !local {
-		op.cb = cb
+		op.cb, op.async = cb, true
 	}
 	if n.enqueue(op) {
 		return true
@@ -992,6 +1090,10 @@ func (e *endpoint) SendAlloc(tag btl.Tag, buf []byte, hdrLen int, cb btl.Complet
 	}
 	n := e.m.net
 	n.mu.Lock()
+	if n.wouldBlockLocked(e.m.rank, e.peer, KindSendAlloc) {
+		n.mu.Unlock()
+		return false, errWouldBlock(KindSendAlloc) // buf stays the caller's
+	}
 	n.allocs--
 	n.mu.Unlock()
 	e.checkSize(KindSendAlloc, len(buf))
@@ -1024,10 +1126,14 @@ func (e *endpoint) rdma(kind Kind, local, handle []byte, off int, cb btl.Complet
 		n.mu.Unlock()
 		return false, err
 	}
+	if cb != nil && n.wouldBlockLocked(e.m.rank, e.peer, kind) { // (GetNow passes no cb: it cannot be refused)
+		n.mu.Unlock()
+		return false, errWouldBlock(kind)
+	}
 	if l := e.m.cfg.Limits.MaxRDMASize; l > 0 && len(local) > l {
 		n.violateLocked("%d->%d %s of %d bytes exceeds MaxRDMASize %d", e.m.rank, e.peer, kind, len(local), l)
 	}
-	op := &Op{Kind: kind, From: e.m.rank, To: e.peer, Handle: append([]byte(nil), handle...), Off: off, Len: len(local), cb: cb}
+	op := &Op{Kind: kind, From: e.m.rank, To: e.peer, Handle: append([]byte(nil), handle...), Off: off, Len: len(local), cb: cb, async: true}
 	if kind == KindPut {
 		op.Data = append([]byte(nil), local...)
 		op.orig, op.ownership = local, true
@@ -1063,4 +1169,28 @@ func (e *endpoint) Put(local []byte, handle []byte, off int, cb btl.Completion) 
 // Get queues an RDMA read from the peer's registration at off into local.
 func (e *endpoint) Get(local []byte, handle []byte, off int, cb btl.Completion) (bool, error) {
 	return e.rdma(KindGet, local, handle, off, cb)
+}
+
+// Flush completes once the operations this endpoint started before it,
+// and reported not done, have completed (delivered, dropped, or failed by
+// a cut or a close): at once when there are none, else through cb when
+// the last of them completes (with the first error they completed with).
+// An error return: the module is closed or the link is cut.
+func (e *endpoint) Flush(cb btl.Completion) (bool, error) {
+	if err := e.usable(); err != nil {
+		return false, err
+	}
+	n := e.m.net
+	n.mu.Lock()
+	f := &fence{cb: cb}
+	for op := range n.live {
+		if op.From == e.m.rank && op.To == e.peer {
+			op.fences = append(op.fences, f)
+			f.out++
+		}
+	}
+	n.logLocked("%d->%d flush: %d outstanding", e.m.rank, e.peer, f.out)
+	done := f.out == 0
+	n.mu.Unlock()
+	return done, nil
 }

@@ -344,3 +344,57 @@ func TestUnreachableAndParams(t *testing.T) {
 	_, err = m.AddProc(1)
 	require.NoError(t, err)
 }
+
+func TestWouldBlockRateIsSeeded(t *testing.T) {
+	refusals := func(seed uint64) []bool {
+		n, _, eps := newNet(t, 2, DefaultConfig())
+		n.WouldBlockRate(0.5, seed)
+		var out []bool
+		for range 64 {
+			_, err := eps[0].Send(0x41, nil, nil, func(error) {})
+			if err != nil {
+				require.ErrorIs(t, err, btl.ErrWouldBlock)
+			}
+			out = append(out, err != nil)
+		}
+		refused := 0
+		for _, r := range out {
+			if r {
+				refused++
+			}
+		}
+		require.Equal(t, 64-refused, n.Len(), "a refused Send was queued")
+		require.Positive(t, refused)
+		require.Less(t, refused, 64)
+		return out
+	}
+	require.Equal(t, refusals(7), refusals(7))
+	require.NotEqual(t, refusals(7), refusals(8))
+}
+
+func TestFlushWaitsForQueuedOperations(t *testing.T) {
+	n, _, eps := newNet(t, 2, DefaultConfig())
+	var order []string
+	note := func(s string) btl.Completion {
+		return func(err error) { order = append(order, fmt.Sprintf("%s:%v", s, err)) }
+	}
+	done, err := eps[0].Flush(note("early flush"))
+	require.NoError(t, err)
+	require.True(t, done, "nothing started")
+	_, err = eps[0].Send(0x41, nil, []byte("a"), note("send a"))
+	require.NoError(t, err)
+	_, err = eps[1].Send(0x41, nil, []byte("b"), note("send b")) // other direction: not waited for
+	require.NoError(t, err)
+	_, err = eps[0].Send(0x41, nil, []byte("c"), note("send c"))
+	require.NoError(t, err)
+	done, err = eps[0].Flush(note("flush"))
+	require.NoError(t, err)
+	require.False(t, done)
+	_, err = eps[0].Send(0x41, nil, []byte("d"), note("send d")) // after the Flush: not waited for
+	require.NoError(t, err)
+	require.NoError(t, n.Deliver(2)) // c
+	require.NoError(t, n.Drop(0))    // a: lost in flight, completes
+	require.Equal(t, []string{"send c:<nil>", "send a:<nil>", "flush:<nil>"}, order)
+	n.DeliverAll()
+	require.Len(t, order, 5)
+}

@@ -43,7 +43,9 @@ var _ btl.Endpoint = (*endpoint)(nil)
 var le = binary.LittleEndian
 
 // pendingSend is a queued send: either a filled fragment waiting to be
-// posted (frag >= 0) or the caller's bytes (hdr copied, data referenced).
+// posted (frag >= 0) or the caller's bytes (hdr copied, data referenced,
+// frag -1), or a Flush's marker (frag fenceMark), which completes when
+// the drain reaches it.
 type pendingSend struct {
 	frag int
 	tag  btl.Tag
@@ -516,6 +518,10 @@ func (e *endpoint) drain() drained {
 	var err error
 	for ; k < len(e.pending); k++ {
 		ps := &e.pending[k]
+		if ps.frag == fenceMark {
+			d.ok = append(d.ok, ps.cb)
+			continue
+		}
 		if ps.frag >= 0 {
 			err = e.post(ps.frag)
 		} else {
@@ -548,6 +554,30 @@ func (e *endpoint) drain() drained {
 		d.failed = e.dropPending(nil)
 	}
 	return d
+}
+
+// fenceMark is the frag of a Flush's marker in the queue.
+const fenceMark = -2
+
+// Flush completes once the sends queued before it are posted: at once
+// when none is queued, else through cb when the drain reaches its marker
+// (or with the error that fails the queue). Put and Get complete during
+// their calls. An error return: the module is closed or the endpoint
+// failed.
+func (e *endpoint) Flush(cb btl.Completion) (bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.m.closed.Load() {
+		return false, fmt.Errorf("sm: module closed: %w", btl.ErrClosed)
+	}
+	if e.err != nil {
+		return false, e.err
+	}
+	if len(e.pending) == 0 {
+		return true, nil
+	}
+	e.queue(pendingSend{frag: fenceMark, cb: cb})
+	return false, nil
 }
 
 // terminate fails every queued send with err (returned for the caller to

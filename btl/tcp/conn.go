@@ -40,6 +40,14 @@ func newOutFrame(fh frameHeader, uh, data []byte, cb btl.Completion, abuf []byte
 
 func (f *outFrame) size() int { return len(f.head) + len(f.data) }
 
+// markerFrame is a Flush's marker: a frame of no bytes whose completion
+// runs, in queue order, once the frames before it are written.
+func markerFrame(cb btl.Completion) *outFrame {
+	f := framePool.Get().(*outFrame)
+	f.cb = cb
+	return f
+}
+
 // completeAll runs the completions of frames (with err) and recycles them.
 func completeAll(m *module, frames []*outFrame, err error) {
 	for i, f := range frames {
@@ -206,6 +214,27 @@ func (c *conn) submit(fh frameHeader, uh, data []byte, cb btl.Completion, abuf [
 	c.signal()
 	c.mu.Unlock()
 	return imm, nil
+}
+
+// mark queues a Flush's marker frame behind the frames queued or being
+// written; done (nothing queued) when there are none.
+func (c *conn) mark(cb btl.Completion) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return false, c.err
+	}
+	if c.closing {
+		return false, c.m.errClosed()
+	}
+	if !c.busy && len(c.q) == 0 {
+		return true, nil
+	}
+	c.q = append(c.q, markerFrame(cb))
+	if !c.busy {
+		c.signal()
+	}
+	return false, nil
 }
 
 // release gives up the write side, waking the writer if frames queued
@@ -478,6 +507,7 @@ func (c *conn) readLoop() {
 	c.rmu.Unlock()
 	if op != nil {
 		op.cb(err)
+		c.ep.getFinished(op, err)
 	}
 	c.fail(err)
 	<-c.wdone
@@ -529,4 +559,5 @@ func (c *conn) getTarget(req, length uint64) ([]byte, *getOp, error) {
 func (c *conn) getDone(op *getOp) {
 	c.getting = nil
 	op.cb(nil)
+	c.ep.getFinished(op, nil)
 }

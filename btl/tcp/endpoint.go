@@ -43,12 +43,24 @@ type endpoint struct {
 	err     error             // why state is failed or closed
 	pending []*outFrame       // frames queued before the connection exists
 	gets    map[uint64]*getOp // Gets waiting for their reply
+	fences  []*fence          // Flushes waiting for what was posted before them
+	fenceN  uint64            // Flush calls so far (a Get records the count)
 }
 
 // getOp is a Get waiting for its GETREPLY.
 type getOp struct {
 	local []byte
 	cb    btl.Completion
+	fence uint64 // endpoint.fenceN when the Get was posted: fences later than that wait for it
+}
+
+// fence is a Flush waiting for its marker frame (behind every frame queued
+// before it) and for the Gets posted before it.
+type fence struct {
+	n   uint64 // the Flush's number (endpoint.fenceN after it)
+	out int    // parts not completed yet: the marker and the Gets
+	err error  // the first error a part completed with
+	cb  btl.Completion
 }
 
 func (e *endpoint) Module() btl.Module { return e.m }
@@ -240,10 +252,11 @@ func (e *endpoint) Get(local []byte, handle []byte, off int, cb btl.Completion) 
 	if e.gets == nil {
 		e.gets = map[uint64]*getOp{}
 	}
-	e.gets[req] = &getOp{local: local, cb: cb}
+	e.gets[req] = &getOp{local: local, cb: cb, fence: e.fenceN}
 	e.mu.Unlock()
 	if _, err := e.submit(frameHeader{kind: frameGetReq, length: uint64(len(local)), reg: id, off: uint64(off), req: req}, nil, nil, nil, nil, false); err != nil {
-		if e.takeGet(req) != nil {
+		if op := e.takeGet(req); op != nil {
+			e.getFinished(op, nil) // never posted: a fence counted it, nothing else will
 			return false, err
 		}
 		// The endpoint failed meanwhile and has completed the Get.
@@ -260,6 +273,128 @@ func (e *endpoint) takeGet(req uint64) *getOp {
 	op := e.gets[req]
 	delete(e.gets, req)
 	return op
+}
+
+// Flush completes once every frame queued on the endpoint before it has
+// been written (Send, SendAlloc and Put complete then: their bytes are in
+// the kernel's socket buffer) and every Get posted before it has its
+// reply. The frames part is a marker without bytes queued behind them,
+// completed in order with them; the Gets part counts the Gets in flight.
+// Done at once when nothing is queued or in flight. An error return: the
+// module is closed, or the endpoint failed or closed (what was posted
+// before completes with that error).
+func (e *endpoint) Flush(cb btl.Completion) (bool, error) {
+	if e.m.closed.Load() {
+		return false, e.m.errClosed()
+	}
+	f := &fence{cb: cb, out: 1}
+	e.mu.Lock()
+	if e.state == epFailed || e.state == epClosed {
+		err := e.err
+		e.mu.Unlock()
+		return false, err
+	}
+	e.fenceN++
+	f.n = e.fenceN
+	f.out += len(e.gets) // every Get in the map was posted before this fence
+	e.fences = append(e.fences, f)
+	e.mu.Unlock()
+	done, err := e.mark(func(err error) { e.fencePart(f, err) })
+	if err != nil {
+		// The endpoint ended meanwhile: the fence ends with it, by its
+		// Gets (failed by down) or here.
+		e.fencePart(f, err)
+		return false, nil
+	}
+	if !done {
+		return false, nil
+	}
+	e.mu.Lock()
+	f.out--
+	last := f.out == 0
+	if last {
+		e.dropFence(f)
+	}
+	e.mu.Unlock()
+	return last, nil
+}
+
+// mark queues a marker frame (no bytes) with completion cb behind the
+// frames queued so far; done when there are none (all written).
+func (e *endpoint) mark(cb btl.Completion) (bool, error) {
+	if c := e.cur.Load(); c != nil {
+		return c.mark(cb)
+	}
+	e.mu.Lock()
+	switch e.state {
+	case epConnected:
+		c := e.conn
+		e.mu.Unlock()
+		return c.mark(cb)
+	case epFailed, epClosed:
+		err := e.err
+		e.mu.Unlock()
+		return false, err
+	case epIdle:
+		e.mu.Unlock()
+		return true, nil // nothing was ever queued
+	}
+	e.pending = append(e.pending, markerFrame(cb))
+	e.mu.Unlock()
+	return false, nil
+}
+
+// fencePart completes one part of fence f with err; the last one calls
+// its completion.
+func (e *endpoint) fencePart(f *fence, err error) {
+	e.mu.Lock()
+	if err != nil && f.err == nil {
+		f.err = err
+	}
+	f.out--
+	last := f.out == 0
+	if last {
+		e.dropFence(f)
+	}
+	e.mu.Unlock()
+	if last {
+		f.cb(f.err)
+	}
+}
+
+// dropFence removes f from the waiting fences; e.mu is held.
+func (e *endpoint) dropFence(f *fence) {
+	for i, g := range e.fences {
+		if g == f {
+			e.fences = append(e.fences[:i], e.fences[i+1:]...)
+			return
+		}
+	}
+}
+
+// getFinished tells the fences posted after Get op (taken from e.gets)
+// that it completed with err; its own completion ran before.
+func (e *endpoint) getFinished(op *getOp, err error) {
+	e.mu.Lock()
+	var done []*fence
+	for _, f := range e.fences {
+		if op.fence >= f.n {
+			continue
+		}
+		if err != nil && f.err == nil {
+			f.err = err
+		}
+		if f.out--; f.out == 0 {
+			done = append(done, f)
+		}
+	}
+	for _, f := range done {
+		e.dropFence(f)
+	}
+	e.mu.Unlock()
+	for _, f := range done {
+		f.cb(f.err)
+	}
 }
 
 // decideIncoming chooses the verdict for an authenticated incoming
@@ -426,6 +561,7 @@ func (e *endpoint) down(c *conn, err error) {
 	completeAll(e.m, pend, err)
 	for _, g := range gets {
 		g.cb(err)
+		e.getFinished(g, err)
 	}
 	if e.m.closed.Load() {
 		return
@@ -456,6 +592,7 @@ func (e *endpoint) close() *conn {
 	completeAll(e.m, pend, err)
 	for _, g := range gets {
 		g.cb(err)
+		e.getFinished(g, err)
 	}
 	return c
 }

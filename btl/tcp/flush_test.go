@@ -149,3 +149,33 @@ func TestPolledFlushPeerDies(t *testing.T) {
 	}
 	require.Positive(t, n, "no send failed, though the peer died with frames queued")
 }
+
+// TestFlushWaitsForBacklog: a Flush behind frames queued at a full socket
+// (the receiver's handler holds its first delivery) does not complete
+// before them: its completion finds every Send before it completed.
+func TestFlushWaitsForBacklog(t *testing.T) {
+	const frames = 200 // 24 MiB: more than the socket buffers hold
+	_, _, ep, got, release, _, _ := backlog(t, frames)
+	var done atomic.Int64
+	errs := make(chan error, frames)
+	sendBacklog(t, ep, frames, &done, errs)
+	seen := make(chan int64, 2)
+	fin, err := ep.Flush(func(err error) {
+		if err != nil {
+			errs <- err
+		}
+		seen <- done.Load()
+	})
+	require.NoError(t, err)
+	require.False(t, fin, "Flush done at once while frames wait for a held receiver")
+	close(release)
+	select {
+	case n := <-seen:
+		require.Equal(t, int64(frames), n, "Flush completed before the sends queued ahead of it")
+	case <-time.After(20 * time.Second):
+		t.Fatal("Flush did not complete")
+	}
+	require.Eventually(t, func() bool { return got.Load() == frames }, 20*time.Second, time.Millisecond)
+	require.Empty(t, errs)
+	require.Empty(t, seen, "Flush completed twice")
+}
