@@ -1,0 +1,23 @@
+package tensor
+
+// WithForcedProxy makes every destination go through a registered proxy
+// buffer, as one the transport cannot register would.
+func WithForcedProxy() Option { return func(c *config) { c.forceProxy = true } }
+
+// SetContentHook installs a hook that sees (and may change) every received
+// content before it is verified; nil removes it.
+func SetContentHook(f func([]byte)) { testHookContent = f }
+
+// Pending reports the receives this rank still tracks and the
+// registrations they hold.
+func (r *Rendezvous) Pending() (reqs, regs int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rq := range r.reqs {
+		reqs++
+		if rq.reg != nil {
+			regs++
+		}
+	}
+	return reqs, regs
+}

@@ -1,0 +1,81 @@
+package tensor
+
+import "encoding/binary"
+
+// NOTIFY (sender -> receiver) says that the content of a request is in
+// place: the notification of a put, where RDMA's WRITE_WITH_IMM would
+// carry the request index in its immediate value. One message notifies
+// several requests of a batch:
+//
+//	u count
+//	count x entry:
+//	  u   request index
+//	  b   how the content came: 0 none (dead or empty tensor), 1 put into
+//	      the registered destination, 2 inline (the bytes follow here),
+//	      3 a separate MPI message of tag dataTag(index)
+//	  b   1 when a CRC-32C of the content follows (WithChecksum), else 0
+//	  [u32 CRC-32C]
+//	  [str content]   (via = 2)
+type notifyMsg struct {
+	entries []notifyEntry
+}
+
+type via uint8
+
+const (
+	viaNone    via = 0
+	viaPut     via = 1
+	viaInline  via = 2
+	viaMessage via = 3
+)
+
+type notifyEntry struct {
+	index  uint32
+	via    via
+	hasSum bool
+	sum    uint32
+	inline []byte
+}
+
+func (m *notifyMsg) kind() kind { return kindNotify }
+
+func (m *notifyMsg) appendBody(b []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(m.entries)))
+	for _, e := range m.entries {
+		b = binary.AppendUvarint(b, uint64(e.index))
+		b = append(b, byte(e.via), boolByte(e.hasSum))
+		if e.hasSum {
+			b = binary.LittleEndian.AppendUint32(b, e.sum)
+		}
+		if e.via == viaInline {
+			b = appendBytes(b, e.inline)
+		}
+	}
+	return b
+}
+
+func decodeNotify(r *reader) *notifyMsg {
+	n := r.count(3)
+	m := &notifyMsg{entries: make([]notifyEntry, 0, n)}
+	for i := 0; i < n && r.err == nil; i++ {
+		var e notifyEntry
+		e.index = r.index()
+		e.via = via(r.u8())
+		if e.via > viaMessage {
+			r.fail("content path %d", e.via)
+		}
+		switch r.u8() {
+		case 0:
+		case 1:
+			e.hasSum = true
+			e.sum = r.u32()
+		default:
+			r.fail("checksum flag is neither 0 nor 1")
+		}
+		if e.via == viaInline {
+			e.inline = append([]byte{}, r.bytes(maxMessage)...)
+		}
+		m.entries = append(m.entries, e)
+	}
+	return m
+}

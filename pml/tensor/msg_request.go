@@ -1,0 +1,114 @@
+package tensor
+
+import "encoding/binary"
+
+// TENSOR_REQUEST and TENSOR_RE_REQUEST (receiver -> sender) carry one or
+// more requests, so that the receiver can batch the requests of a step:
+//
+//	u count
+//	count x entry:
+//	  u   request index (the receiver's; every answer names it)
+//	  s   step
+//	  str name
+//	  b   flags: 1 = meta-data follows (the receiver's cached copy),
+//	             2 = a destination handle follows
+//	  [meta-data]                       (msg.go)
+//	  [str handle, str transport name]  the registered destination and the
+//	                                    transport that registered it
+//
+// A request without meta-data is a cache miss: the sender answers with
+// META_DATA_RESPONSE. A TENSOR_RE_REQUEST always has both.
+type requestMsg struct {
+	re      bool
+	entries []reqEntry
+}
+
+type reqEntry struct {
+	index     uint32
+	step      int64
+	name      string
+	hasMeta   bool
+	meta      meta
+	handle    []byte // nil: no destination
+	transport string
+}
+
+const (
+	reqHasMeta   = 1
+	reqHasHandle = 2
+)
+
+func (m *requestMsg) kind() kind {
+	if m.re {
+		return kindReRequest
+	}
+	return kindRequest
+}
+
+func (m *requestMsg) appendBody(b []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(m.entries)))
+	for _, e := range m.entries {
+		b = e.append(b)
+	}
+	return b
+}
+
+func (e *reqEntry) append(b []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(e.index))
+	b = binary.AppendVarint(b, e.step)
+	b = appendStr(b, e.name)
+	var flags byte
+	if e.hasMeta {
+		flags |= reqHasMeta
+	}
+	if e.handle != nil {
+		flags |= reqHasHandle
+	}
+	b = append(b, flags)
+	if e.hasMeta {
+		b = appendMeta(b, e.meta)
+	}
+	if e.handle != nil {
+		b = appendBytes(b, e.handle)
+		b = appendStr(b, e.transport)
+	}
+	return b
+}
+
+// size is an upper bound of e's encoded length (for splitting batches).
+func (e *reqEntry) size() int {
+	return 40 + len(e.name) + len(e.handle) + len(e.transport) + binary.MaxVarintLen64*len(e.meta.shape)
+}
+
+func decodeRequest(r *reader, re bool) *requestMsg {
+	n := r.count(5)
+	m := &requestMsg{re: re, entries: make([]reqEntry, 0, n)}
+	for i := 0; i < n && r.err == nil; i++ {
+		var e reqEntry
+		e.index = r.index()
+		e.step = r.varint()
+		e.name = r.str(MaxName)
+		flags := r.u8()
+		if flags&^(reqHasMeta|reqHasHandle) != 0 {
+			r.fail("request flags %#x", flags)
+		}
+		if flags&reqHasMeta != 0 {
+			e.hasMeta = true
+			e.meta = r.meta()
+		}
+		if flags&reqHasHandle != 0 {
+			e.handle = append([]byte{}, r.bytes(maxHandle)...)
+			e.transport = r.str(64)
+		}
+		if r.err == nil {
+			if err := checkName(e.name); err != nil {
+				r.fail("%v", err)
+			}
+			if re && !e.hasMeta {
+				r.fail("TENSOR_RE_REQUEST %d without meta-data", e.index)
+			}
+		}
+		m.entries = append(m.entries, e)
+	}
+	return m
+}

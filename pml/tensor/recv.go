@@ -1,0 +1,468 @@
+package tensor
+
+import (
+	"fmt"
+	"hash/crc32"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/mpi"
+)
+
+// recvReq is a receive in progress on the receiving rank, keyed by its
+// request index. Guarded by Rendezvous.mu.
+type recvReq struct {
+	idx  uint32
+	src  int
+	key  key
+	m    meta   // what the destination is sized for
+	dest []byte // the destination (nil for an empty or dead tensor)
+	// Registration of the destination (or of the proxy) with the
+	// transport to src; handle and transport go in the request.
+	reg       btl.Registration
+	proxy     *proxyBuf
+	proxyMod  btl.Module
+	handle    []byte
+	transport string
+
+	done   func(Tensor, error) // RecvAsync's callback, or
+	ch     chan result         // Recv's channel
+	told   bool                // the caller has its outcome (or gave up)
+	queued bool                // its request waits in a batch, unsent
+	sentRe bool                // a TENSOR_RE_REQUEST went out
+}
+
+// releaseReg gives up the destination's registration (the proxy's goes
+// back to the rendezvous with putProxy).
+func (rq *recvReq) releaseReg() {
+	if rq.reg != nil && rq.proxy == nil {
+		rq.reg.Release()
+	}
+	rq.reg = nil
+}
+
+// start validates a receive, allocates its destination when the
+// meta-data is cached, and sends (or batches) its TENSOR_REQUEST.
+func (r *Rendezvous) start(step int64, name string, src int, done func(Tensor, error), ch chan result) (*recvReq, error) {
+	if err := checkName(name); err != nil {
+		return nil, fmt.Errorf("tensor: recv: %w", mpierr.Errorf(mpierr.ErrArg, "%v", err))
+	}
+	if src < 0 || src >= r.size {
+		return nil, mpierr.Errorf(mpierr.ErrRank, "tensor: source %d not in 0..%d", src, r.size-1)
+	}
+	var out outbox
+	r.mu.Lock()
+	defer func() {
+		r.mu.Unlock()
+		r.run(&out)
+	}()
+	switch {
+	case r.aborted != nil:
+		return nil, r.aborted
+	case r.closed:
+		return nil, ErrClosed
+	case r.peerErr[src] != nil:
+		return nil, r.peerErr[src]
+	}
+	rq := &recvReq{idx: r.nextIdx, src: src, key: key{step, name}, done: done, ch: ch}
+	r.nextIdx++
+	if r.nextIdx == 0 {
+		r.nextIdx = 1
+	}
+	for r.reqs[r.nextIdx] != nil { // a wrapped index still in use
+		r.nextIdx++
+	}
+	r.reqs[rq.idx] = rq
+	e := reqEntry{index: rq.idx, step: step, name: name}
+	if m, ok := r.cache[cacheKey{src, name}]; ok {
+		r.st.hits.Add(1)
+		r.destLocked(rq, m)
+		e.hasMeta, e.meta, e.handle, e.transport = true, m, rq.handle, rq.transport
+	} else {
+		r.st.misses.Add(1)
+	}
+	r.st.requests.Add(1)
+	r.requestLocked(rq, e, false, &out)
+	return rq, nil
+}
+
+// destLocked allocates rq's destination for m and registers it with the
+// transport to rq.src when that transport can put. A destination the
+// transport does not register gets a registered proxy buffer.
+func (r *Rendezvous) destLocked(rq *recvReq, m meta) {
+	rq.m = m
+	rq.dest, rq.handle, rq.transport = nil, nil, ""
+	if m.dead || m.bytes == 0 {
+		return
+	}
+	rq.dest = r.pool.get(int(m.bytes))
+	ep := r.endpoint(rq.src)
+	if ep == nil || ep.Module().Caps()&btl.CapPut == 0 {
+		return // the content comes in a message
+	}
+	mod := ep.Module()
+	var reg btl.Registration
+	var err error
+	if !r.cfg.forceProxy {
+		reg, err = mod.Register(rq.dest, btl.AccessRemoteWrite|btl.AccessLocalWrite)
+	}
+	if r.cfg.forceProxy || err != nil {
+		p, perr := r.takeProxyLocked(mod, len(rq.dest))
+		if perr != nil {
+			return // neither registers: the content comes in a message
+		}
+		rq.proxy, rq.proxyMod, reg = p, mod, p.reg
+	}
+	rq.reg = reg
+	rq.handle = append([]byte(nil), reg.Handle()...)
+	rq.transport = mod.Name()
+}
+
+// requestLocked sends a TENSOR_REQUEST or TENSOR_RE_REQUEST entry, or
+// queues it in the source's batch.
+func (r *Rendezvous) requestLocked(rq *recvReq, e reqEntry, re bool, out *outbox) {
+	if !r.cfg.batching {
+		out.msg(rq.src, &requestMsg{re: re, entries: []reqEntry{e}})
+		return
+	}
+	b := &r.batch[rq.src]
+	if re {
+		b.re = append(b.re, e)
+	} else {
+		b.req = append(b.req, e)
+	}
+	rq.queued = true
+	select {
+	case r.flush <- struct{}{}:
+	default:
+	}
+}
+
+// pendingBatch holds the requests to one source not sent yet.
+type pendingBatch struct {
+	req, re []reqEntry
+}
+
+// flusher sends the batched requests (WithBatching): requests made while
+// it sends one batch form the next.
+func (r *Rendezvous) flusher() {
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-r.flush:
+		}
+		var out outbox
+		r.mu.Lock()
+		for p := range r.batch {
+			b := &r.batch[p]
+			r.splitLocked(p, b.req, false, &out)
+			r.splitLocked(p, b.re, true, &out)
+			b.req, b.re = nil, nil
+		}
+		r.mu.Unlock()
+		r.run(&out)
+	}
+}
+
+// splitLocked turns a batch into messages of at most maxMessage bytes.
+func (r *Rendezvous) splitLocked(p int, es []reqEntry, re bool, out *outbox) {
+	for len(es) > 0 {
+		n, size := 0, 16
+		for n < len(es) && (n == 0 || size+es[n].size() <= maxMessage) {
+			size += es[n].size()
+			if rq := r.reqs[es[n].index]; rq != nil {
+				rq.queued = false
+			}
+			n++
+		}
+		out.msg(p, &requestMsg{re: re, entries: es[:n:n]})
+		es = es[n:]
+	}
+}
+
+// cancel withdraws a Recv whose context ended; false when its outcome
+// came first (the caller then takes it from the channel).
+func (r *Rendezvous) cancel(rq *recvReq) bool {
+	var out outbox
+	r.mu.Lock()
+	if rq.told {
+		r.mu.Unlock()
+		return false
+	}
+	rq.told = true
+	r.st.cncl.Add(1)
+	if rq.queued {
+		// Never sent: nothing can be written; forget it here.
+		b := &r.batch[rq.src]
+		b.req = dropEntry(b.req, rq.idx)
+		b.re = dropEntry(b.re, rq.idx)
+		r.finishLocked(rq)
+	} else if r.reqs[rq.idx] == rq {
+		out.msg(rq.src, &cancelMsg{indices: []uint32{rq.idx}})
+	}
+	r.mu.Unlock()
+	r.run(&out)
+	return true
+}
+
+func dropEntry(es []reqEntry, idx uint32) []reqEntry {
+	for i, e := range es {
+		if e.index == idx {
+			return append(es[:i], es[i+1:]...)
+		}
+	}
+	return es
+}
+
+// tellLocked arranges for the caller of rq to get its outcome (once),
+// after r.mu is released. rq stays in the table until the sender's last
+// word on it.
+func (r *Rendezvous) tellLocked(rq *recvReq, t Tensor, err error, out *outbox) {
+	if rq.told {
+		return
+	}
+	rq.told = true
+	if rq.ch != nil {
+		ch := rq.ch
+		out.tells = append(out.tells, func() { ch <- result{t, err} })
+		return
+	}
+	done := rq.done
+	out.tells = append(out.tells, func() { done(t, err) })
+}
+
+// finishLocked removes rq: its registration is released (a proxy goes
+// back to the pool) and, when its caller did not get it, its destination
+// is reused.
+func (r *Rendezvous) finishLocked(rq *recvReq) {
+	if r.reqs[rq.idx] == rq {
+		delete(r.reqs, rq.idx)
+	}
+	rq.releaseReg()
+	if rq.proxy != nil {
+		r.putProxyLocked(rq.proxyMod, rq.proxy)
+		rq.proxy = nil
+	}
+}
+
+// lookupLocked returns the receive that a message from peer about idx
+// concerns, nil when none (a late answer after Close, or a confused peer).
+func (r *Rendezvous) lookupLocked(peer int, idx uint32) *recvReq {
+	rq := r.reqs[idx]
+	if rq == nil || rq.src != peer {
+		return nil
+	}
+	return rq
+}
+
+// onMeta: the sender's meta-data differs from what rq asked with. The
+// cache takes it, the destination is reallocated for it, and the request
+// goes again as TENSOR_RE_REQUEST.
+func (r *Rendezvous) onMetaLocked(peer int, m *metaMsg, out *outbox) {
+	for _, e := range m.entries {
+		rq := r.lookupLocked(peer, e.index)
+		if rq == nil || rq.sentRe {
+			continue
+		}
+		r.cache[cacheKey{peer, rq.key.name}] = e.meta
+		if rq.told {
+			continue // cancelled or aborted: the sender answers the CANCEL, or ERROR_STATUS
+		}
+		rq.releaseReg()
+		if rq.proxy != nil {
+			r.putProxyLocked(rq.proxyMod, rq.proxy)
+			rq.proxy = nil
+		}
+		if rq.dest != nil {
+			r.pool.put(rq.dest)
+		}
+		r.destLocked(rq, e.meta)
+		rq.sentRe = true
+		r.st.reRequests.Add(1)
+		r.requestLocked(rq, reqEntry{index: rq.idx, step: rq.key.step, name: rq.key.name, hasMeta: true, meta: e.meta,
+			handle: rq.handle, transport: rq.transport}, true, out)
+	}
+}
+
+// onNotify: the content of these requests is in place (or follows in a
+// message).
+func (r *Rendezvous) onNotifyLocked(peer int, m *notifyMsg, out *outbox) {
+	for _, e := range m.entries {
+		rq := r.lookupLocked(peer, e.index)
+		if rq == nil {
+			continue
+		}
+		if e.via == viaMessage {
+			r.awaitMessageLocked(rq, e)
+			continue
+		}
+		t, err := r.contentLocked(rq, e)
+		if rq.told && rq.dest != nil {
+			r.pool.put(rq.dest)
+		}
+		r.finishLocked(rq)
+		r.tellLocked(rq, t, err, out)
+	}
+}
+
+// awaitMessageLocked receives a content that travels as a separate
+// message into rq's destination, on a goroutine of its own (the loop must
+// not wait for a large message).
+func (r *Rendezvous) awaitMessageLocked(rq *recvReq, e notifyEntry) {
+	q, err := r.comm.Irecv(rq.dest, rq.src, dataTag(rq.idx))
+	go func() {
+		var out outbox
+		if err == nil {
+			_, err = q.Wait()
+		}
+		r.mu.Lock()
+		var t Tensor
+		if err == nil {
+			t, err = r.contentLocked(rq, e)
+			if rq.told && rq.dest != nil {
+				r.pool.put(rq.dest)
+			}
+		} else {
+			err = fmt.Errorf("tensor %q step %d from rank %d: receive the content: %w", rq.key.name, rq.key.step, rq.src, err)
+		}
+		r.finishLocked(rq)
+		r.tellLocked(rq, t, err, &out)
+		r.mu.Unlock()
+		r.run(&out)
+	}()
+}
+
+// contentLocked builds the received tensor from rq's destination: the
+// proxy's copy, the inline bytes, the checksum check and the strings'
+// decoding.
+func (r *Rendezvous) contentLocked(rq *recvReq, e notifyEntry) (Tensor, error) {
+	n := int(rq.m.bytes)
+	if rq.m.dead {
+		n = 0
+	}
+	switch e.via {
+	case viaNone:
+		if n != 0 {
+			return Tensor{}, r.protoErr(rq, "no content for %d bytes", n)
+		}
+	case viaPut:
+		if rq.reg == nil {
+			return Tensor{}, r.protoErr(rq, "a put into a destination that was not registered")
+		}
+		if rq.proxy != nil {
+			copy(rq.dest, rq.proxy.mem[:n])
+			r.st.proxies.Add(1)
+		}
+	case viaInline:
+		if len(e.inline) != n {
+			return Tensor{}, r.protoErr(rq, "%d inline bytes for %d", len(e.inline), n)
+		}
+		copy(rq.dest, e.inline)
+	}
+	if rq.told {
+		return Tensor{}, nil
+	}
+	dest := rq.dest[:n]
+	if testHookContent != nil {
+		testHookContent(dest)
+	}
+	if r.cfg.checksum && e.hasSum {
+		if got := crc32.Checksum(dest, castagnoli); got != e.sum {
+			return Tensor{}, fmt.Errorf("%w: tensor %q step %d from rank %d: content CRC-32C %08x, the sender's %08x",
+				ErrChecksum, rq.key.name, rq.key.step, rq.src, got, e.sum)
+		}
+	}
+	t := Tensor{DType: rq.m.dtype, Shape: append([]int64(nil), rq.m.shape...), IsDead: rq.m.dead}
+	if rq.m.dtype == String && !rq.m.dead {
+		count, _ := elements(rq.m.shape)
+		ss, err := decodeStrings(dest, count)
+		if err != nil {
+			return Tensor{}, r.protoErr(rq, "string tensor: %v", err)
+		}
+		t.Strings = ss
+		r.pool.put(rq.dest)
+		return t, nil
+	}
+	if n > 0 {
+		t.Data = dest
+	}
+	return t, nil
+}
+
+// testHookContent, when set (tests), sees every content before it is
+// verified: a test corrupts it to check the checksum.
+var testHookContent func([]byte)
+
+func (r *Rendezvous) protoErr(rq *recvReq, format string, a ...any) error {
+	return fmt.Errorf("tensor %q step %d from rank %d: %w: %s", rq.key.name, rq.key.step, rq.src, mpierr.ErrProtocol, fmt.Sprintf(format, a...))
+}
+
+// onError: the sender failed the request.
+func (r *Rendezvous) onErrorLocked(peer int, m *errorMsg, out *outbox) {
+	rq := r.lookupLocked(peer, m.index)
+	if rq == nil {
+		return
+	}
+	r.st.errors.Add(1)
+	r.finishLocked(rq)
+	r.tellLocked(rq, Tensor{}, fmt.Errorf("tensor %q step %d from rank %d: %w: %s", rq.key.name, rq.key.step, peer, ErrRemote, m.text), out)
+}
+
+// onCancelled: the sender dropped these requests; nothing will be written.
+func (r *Rendezvous) onCancelledLocked(peer int, m *cancelMsg) {
+	for _, idx := range m.indices {
+		if rq := r.lookupLocked(peer, idx); rq != nil {
+			if rq.dest != nil {
+				r.pool.put(rq.dest)
+			}
+			r.finishLocked(rq)
+		}
+	}
+}
+
+// peerGoneLocked fails everything that involves peer p, which died
+// (mpi.ErrProcFailed) or closed its rendezvous. Its destinations are
+// released: p writes no more.
+func (r *Rendezvous) peerGoneLocked(p int, err error, out *outbox) {
+	if r.peerErr[p] != nil {
+		return
+	}
+	r.peerErr[p] = err
+	for _, rq := range r.reqs {
+		if rq.src == p {
+			r.finishLocked(rq)
+			r.tellLocked(rq, Tensor{}, err, out)
+		}
+	}
+	b := &r.batch[p]
+	b.req, b.re = nil, nil
+	for k, rs := range r.resps {
+		if k.peer == p {
+			r.returnLocked(rs, out)
+			delete(r.resps, k)
+		}
+	}
+	for k, ws := range r.waiting {
+		n := 0
+		for _, rs := range ws {
+			if rs.peer != p {
+				ws[n] = rs
+				n++
+			}
+		}
+		if n == 0 {
+			delete(r.waiting, k)
+		} else {
+			r.waiting[k] = ws[:n]
+		}
+	}
+}
+
+// peerFailure is the error of a receive whose source died.
+func peerFailure(p int, err error) error {
+	if err == nil {
+		err = mpierr.Errorf(mpi.ErrProcFailed, "rank %d failed", p)
+	}
+	return fmt.Errorf("tensor: rank %d: %w", p, err)
+}

@@ -1,0 +1,318 @@
+package tensor_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/gompi-org/gompi/mpi"
+	"github.com/gompi-org/gompi/pml/tensor"
+	"github.com/stretchr/testify/require"
+)
+
+// deadline bounds every test's waits.
+func deadline(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func floats(vals ...float32) []byte {
+	b := make([]byte, 4*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	return b
+}
+
+func seq(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7) + seed
+	}
+	return b
+}
+
+// run runs body on n in-process ranks, each with a rendezvous over the
+// world, closed after a barrier.
+func run(t *testing.T, n int, opts []tensor.Option, body func(w *mpi.Comm, rv *tensor.Rendezvous) error, mopts ...mpi.Option) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		done <- mpi.Run(n, func(w *mpi.Comm) error {
+			rv, err := tensor.New(w, opts...)
+			if err != nil {
+				return err
+			}
+			berr := body(w, rv)
+			if berr != nil {
+				rv.Abort(berr)
+				rv.Close()
+				return berr
+			}
+			if err := w.Barrier(); err != nil {
+				return err
+			}
+			return rv.Close()
+		}, mopts...)
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("ranks did not finish within 60s")
+	}
+}
+
+func TestSteadyStateAndFirstStep(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		opts  []tensor.Option
+		mopts []mpi.Option
+		puts  bool
+	}{
+		{"put", nil, nil, true},
+		{"checksum", []tensor.Option{tensor.WithChecksum(true)}, nil, true},
+		{"batching", []tensor.Option{tensor.WithBatching(true)}, nil, true},
+		{"proxy", []tensor.Option{tensor.WithForcedProxy()}, nil, true},
+		{"noput", nil, []mpi.Option{mpi.WithParam("btl_self_flags", "send,sendi,inplace")}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run(t, 2, tc.opts, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
+				ctx := deadline(t)
+				const steps = 5
+				for step := int64(0); step < steps; step++ {
+					size := 64 << 10
+					if step >= 3 {
+						size = 96 << 10 // the shape changes midway
+					}
+					if w.Rank() == 1 {
+						if err := rv.Send(step, "grad/w", tensor.Tensor{DType: tensor.Uint8, Shape: []int64{int64(size)}, Data: seq(size, byte(step))}); err != nil {
+							return err
+						}
+						continue
+					}
+					before := rv.Stats()
+					got, err := rv.Recv(ctx, step, "grad/w", 1)
+					if err != nil {
+						return err
+					}
+					if got.DType != tensor.Uint8 || len(got.Shape) != 1 || got.Shape[0] != int64(size) {
+						return fmt.Errorf("step %d: got %v %v", step, got.DType, got.Shape)
+					}
+					if string(got.Data) != string(seq(size, byte(step))) {
+						return fmt.Errorf("step %d: content differs", step)
+					}
+					after := rv.Stats()
+					d := after.ControlMessages - before.ControlMessages
+					switch step {
+					case 0, 3: // first step, changed shape: REQUEST + RE_REQUEST here (META on the sender)
+						if d != 2 || after.ReRequests-before.ReRequests != 1 || after.CacheHits-before.CacheHits != boolInt(step == 3) {
+							return fmt.Errorf("step %d: %d control messages sent, stats %+v -> %+v", step, d, before, after)
+						}
+					default: // steady state: one TENSOR_REQUEST, nothing else
+						if d != 1 || after.ReRequests != before.ReRequests || after.CacheHits-before.CacheHits != 1 {
+							return fmt.Errorf("step %d: %d control messages sent, stats %+v -> %+v", step, d, before, after)
+						}
+					}
+					rv.Recycle(got)
+				}
+				if err := w.Barrier(); err != nil {
+					return err
+				}
+				st := rv.Stats()
+				if w.Rank() == 1 {
+					// Two META_DATA_RESPONSEs (step 0, step 3), five writes.
+					if st.MetaResponses != 2 || st.ControlMessages != 2 {
+						return fmt.Errorf("sender stats %+v", st)
+					}
+					if tc.puts && st.Puts != steps || !tc.puts && st.MessageContents != steps {
+						return fmt.Errorf("sender stats %+v", st)
+					}
+				} else {
+					if st.Requests != steps || st.ReRequests != 2 || st.CacheMisses != 1 || st.CacheHits != steps-1 {
+						return fmt.Errorf("receiver stats %+v", st)
+					}
+					if reqs, regs := rv.Pending(); reqs != 0 || regs != 0 {
+						return fmt.Errorf("%d receives and %d registrations left", reqs, regs)
+					}
+				}
+				return nil
+			}, tc.mopts...)
+		})
+	}
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func TestRecvBeforeSendAndStepsNeverMix(t *testing.T) {
+	run(t, 2, nil, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
+		ctx := deadline(t)
+		if w.Rank() == 0 {
+			// Post step 1's receive first, then step 0's: each gets its own.
+			type res struct {
+				t   tensor.Tensor
+				err error
+			}
+			ch1, ch0 := make(chan res, 1), make(chan res, 1)
+			rv.RecvAsync(1, "x", 1, func(t tensor.Tensor, err error) { ch1 <- res{t, err} })
+			rv.RecvAsync(0, "x", 1, func(t tensor.Tensor, err error) { ch0 <- res{t, err} })
+			if err := w.Send([]byte{1}, 1, 0); err != nil { // "requests are out"
+				return err
+			}
+			for i, ch := range []chan res{ch0, ch1} {
+				select {
+				case r := <-ch:
+					if r.err != nil {
+						return r.err
+					}
+					if string(r.t.Data) != string(floats(float32(i), float32(i)+0.5)) {
+						return fmt.Errorf("step %d got %v", i, r.t.Data)
+					}
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		}
+		if _, err := w.Recv(make([]byte, 1), 0, 0); err != nil {
+			return err
+		}
+		// Step 1 first: it must not satisfy step 0's request.
+		for _, step := range []int64{1, 0} {
+			if err := rv.Send(step, "x", tensor.Tensor{DType: tensor.Float32, Shape: []int64{2}, Data: floats(float32(step), float32(step)+0.5)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func TestDuplicateSend(t *testing.T) {
+	run(t, 1, nil, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
+		tt := tensor.Tensor{DType: tensor.Int32, Shape: []int64{1}, Data: make([]byte, 4)}
+		if err := rv.Send(3, "a", tt); err != nil {
+			return err
+		}
+		err := rv.Send(3, "a", tt)
+		if !errors.Is(err, tensor.ErrDuplicate) {
+			return fmt.Errorf("duplicate send: %v", err)
+		}
+		if err := rv.Send(4, "a", tt); err != nil { // another step is another tensor
+			return err
+		}
+		// A rank receives from itself.
+		got, err := rv.Recv(deadline(t), 3, "a", 0)
+		if err != nil || len(got.Data) != 4 {
+			return fmt.Errorf("self recv: %v %v", got, err)
+		}
+		return nil
+	})
+}
+
+func TestErrorStatus(t *testing.T) {
+	run(t, 2, nil, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
+		ctx := deadline(t)
+		if w.Rank() == 1 {
+			err1 := rv.Send(0, "bad-dtype", tensor.Tensor{DType: 99, Shape: []int64{1}, Data: []byte{1}})
+			err2 := rv.Send(0, "bad-len", tensor.Tensor{DType: tensor.Float64, Shape: []int64{2, 3}, Data: make([]byte, 40)})
+			if err1 == nil || err2 == nil {
+				return fmt.Errorf("invalid tensors accepted: %v, %v", err1, err2)
+			}
+			return nil
+		}
+		_, err := rv.Recv(ctx, 0, "bad-dtype", 1)
+		if !errors.Is(err, tensor.ErrRemote) || !contains(err, "invalid dtype 99") {
+			return fmt.Errorf("bad dtype: %v", err)
+		}
+		_, err = rv.Recv(ctx, 0, "bad-len", 1)
+		if !errors.Is(err, tensor.ErrRemote) || !contains(err, "40 data bytes, want 48") {
+			return fmt.Errorf("bad length: %v", err)
+		}
+		if st := rv.Stats(); st.Errors != 2 {
+			return fmt.Errorf("errors counted: %+v", st)
+		}
+		return nil
+	})
+}
+
+func contains(err error, s string) bool {
+	return err != nil && len(s) > 0 && (fmt.Sprint(err) != "" && stringsContains(err.Error(), s))
+}
+
+func stringsContains(a, b string) bool {
+	for i := 0; i+len(b) <= len(a); i++ {
+		if a[i:i+len(b)] == b {
+			return true
+		}
+	}
+	return false
+}
+
+func TestStringsAndDeadTensors(t *testing.T) {
+	run(t, 2, []tensor.Option{tensor.WithChecksum(true)}, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
+		ctx := deadline(t)
+		words := [][]string{{"alpha", "", "γάμμα", "delta"}, {"a", "b", "c", "d"}, {"a", "b", "c", "a much longer string"}}
+		for step := range int64(3) {
+			if w.Rank() == 1 {
+				if err := rv.Send(step, "vocab", tensor.Tensor{DType: tensor.String, Shape: []int64{2, 2}, Strings: words[step]}); err != nil {
+					return err
+				}
+				if err := rv.Send(step, "branch", tensor.Tensor{DType: tensor.Float32, Shape: []int64{1 << 10}, IsDead: true}); err != nil {
+					return err
+				}
+				continue
+			}
+			got, err := rv.Recv(ctx, step, "vocab", 1)
+			if err != nil {
+				return err
+			}
+			if got.DType != tensor.String || fmt.Sprint(got.Strings) != fmt.Sprint(words[step]) || got.Data != nil {
+				return fmt.Errorf("step %d: strings %q", step, got.Strings)
+			}
+			dead, err := rv.Recv(ctx, step, "branch", 1)
+			if err != nil {
+				return err
+			}
+			if !dead.IsDead || dead.Data != nil || dead.DType != tensor.Float32 {
+				return fmt.Errorf("step %d: dead tensor %+v", step, dead)
+			}
+		}
+		return nil
+	})
+}
+
+func TestChecksumMismatch(t *testing.T) {
+	tensor.SetContentHook(func(b []byte) {
+		if len(b) == 1000 {
+			b[500] ^= 0x40
+		}
+	})
+	t.Cleanup(func() { tensor.SetContentHook(nil) })
+	run(t, 2, []tensor.Option{tensor.WithChecksum(true)}, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
+		ctx := deadline(t)
+		if w.Rank() == 1 {
+			if err := rv.Send(0, "ok", tensor.Tensor{DType: tensor.Uint8, Shape: []int64{999}, Data: seq(999, 1)}); err != nil {
+				return err
+			}
+			return rv.Send(0, "corrupted", tensor.Tensor{DType: tensor.Uint8, Shape: []int64{1000}, Data: seq(1000, 1)})
+		}
+		if _, err := rv.Recv(ctx, 0, "ok", 1); err != nil {
+			return err
+		}
+		_, err := rv.Recv(ctx, 0, "corrupted", 1)
+		if !errors.Is(err, tensor.ErrChecksum) {
+			return fmt.Errorf("corrupted content: %v", err)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,243 @@
+package tensor
+
+import (
+	"bytes"
+	"fmt"
+	"hash/crc32"
+
+	"github.com/gompi-org/gompi/btl"
+)
+
+// respKey names a request on the sending rank: the requester and its index.
+type respKey struct {
+	peer int
+	idx  uint32
+}
+
+// resp is a request being served on the sending rank. Guarded by
+// Rendezvous.mu until it is handed to write.
+type resp struct {
+	peer     int
+	idx      uint32
+	key      key
+	req      reqEntry // the latest request (meta-data, destination)
+	s        *sent    // the tensor, once matched
+	metaSent bool     // META_DATA_RESPONSE went out; a TENSOR_RE_REQUEST is awaited
+}
+
+// onRequestLocked takes TENSOR_REQUEST and TENSOR_RE_REQUEST entries.
+func (r *Rendezvous) onRequestLocked(peer int, m *requestMsg, out *outbox) {
+	for _, e := range m.entries {
+		rk := respKey{peer, e.index}
+		if m.re {
+			r.onReRequestLocked(rk, e, out)
+			continue
+		}
+		rs := &resp{peer: peer, idx: e.index, key: key{e.step, e.name}, req: e}
+		switch {
+		case r.aborted != nil:
+			r.answerErrorLocked(rs, r.aborted.Error(), out)
+			continue
+		case r.closed:
+			r.answerErrorLocked(rs, ErrClosed.Error(), out)
+			continue
+		}
+		if _, dup := r.resps[rk]; dup {
+			continue // the requester reused a live index: nothing sane to answer
+		}
+		r.resps[rk] = rs
+		s, ok := r.table[rs.key]
+		if !ok {
+			r.waiting[rs.key] = append(r.waiting[rs.key], rs)
+			continue
+		}
+		delete(r.table, rs.key)
+		r.matchLocked(rs, s, out)
+	}
+}
+
+// matchLocked serves a request with its tensor: an error for an invalid
+// tensor, a write when the requester's meta-data is current, and
+// otherwise META_DATA_RESPONSE (keeping a copy of the tensor until the
+// TENSOR_RE_REQUEST, as TensorFlow clones it).
+func (r *Rendezvous) matchLocked(rs *resp, s *sent, out *outbox) {
+	rs.s = s
+	if s.err != nil {
+		r.answerErrorLocked(rs, s.err.Error(), out)
+		return
+	}
+	if rs.req.hasMeta && rs.req.meta.equal(s.m) {
+		delete(r.resps, respKey{rs.peer, rs.idx})
+		out.writes = append(out.writes, rs)
+		return
+	}
+	if s.m.dtype != String && len(s.content) > 0 {
+		s.content = bytes.Clone(s.content)
+	}
+	rs.metaSent = true
+	r.st.metas.Add(1)
+	out.meta(rs.peer, metaEntry{index: rs.idx, meta: s.m})
+}
+
+// onReRequestLocked: the requester reallocated for the meta-data it was
+// sent; the content goes now.
+func (r *Rendezvous) onReRequestLocked(rk respKey, e reqEntry, out *outbox) {
+	rs := r.resps[rk]
+	if rs == nil || !rs.metaSent {
+		r.answerErrorLocked(&resp{peer: rk.peer, idx: rk.idx}, fmt.Sprintf("TENSOR_RE_REQUEST %d without a META_DATA_RESPONSE", rk.idx), out)
+		return
+	}
+	if !e.meta.equal(rs.s.m) {
+		r.answerErrorLocked(rs, fmt.Sprintf("TENSOR_RE_REQUEST for %v, the tensor is %v", e.meta, rs.s.m), out)
+		return
+	}
+	rs.req = e
+	delete(r.resps, rk)
+	out.writes = append(out.writes, rs)
+}
+
+// answerErrorLocked fails a request with ERROR_STATUS.
+func (r *Rendezvous) answerErrorLocked(rs *resp, text string, out *outbox) {
+	delete(r.resps, respKey{rs.peer, rs.idx})
+	r.st.errors.Add(1)
+	out.msg(rs.peer, &errorMsg{index: rs.idx, text: text})
+}
+
+// onCancelLocked drops requests the requester gave up, answering
+// CANCELLED for those not being written (a write in progress ends with its
+// NOTIFY). A tensor already matched goes back to the table for a later
+// request.
+func (r *Rendezvous) onCancelLocked(peer int, m *cancelMsg, out *outbox) {
+	var done []uint32
+	for _, idx := range m.indices {
+		rk := respKey{peer, idx}
+		rs := r.resps[rk]
+		if rs == nil {
+			continue
+		}
+		delete(r.resps, rk)
+		if rs.s == nil {
+			ws := r.waiting[rs.key]
+			for i, w := range ws {
+				if w == rs {
+					ws = append(ws[:i], ws[i+1:]...)
+					break
+				}
+			}
+			if len(ws) == 0 {
+				delete(r.waiting, rs.key)
+			} else {
+				r.waiting[rs.key] = ws
+			}
+		} else {
+			r.returnLocked(rs, out)
+		}
+		done = append(done, idx)
+	}
+	if len(done) > 0 {
+		out.msg(peer, &cancelMsg{cancelled: true, indices: done})
+	}
+}
+
+// returnLocked puts back the tensor of a request that will not take it.
+func (r *Rendezvous) returnLocked(rs *resp, out *outbox) {
+	if rs.s == nil || rs.s.err != nil || r.aborted != nil || r.closed {
+		return
+	}
+	if _, dup := r.table[rs.key]; dup {
+		return
+	}
+	s := rs.s
+	rs.s = nil
+	r.offerLocked(rs.key, s, out)
+}
+
+// write sends the content of each request: a put into the registered
+// destination when the transport to the requester can put with its
+// handle, and otherwise a message (inline in the NOTIFY when small). The
+// notifications of writes that completed during the call go to each peer
+// in one NOTIFY; a put that completes later sends its own. Called without
+// r.mu.
+func (r *Rendezvous) write(rss []*resp) {
+	notes := map[int]*notifyMsg{}
+	size := map[int]int{}
+	for _, rs := range rss {
+		ne, now := r.writeOne(rs)
+		if !now {
+			continue
+		}
+		n := notes[rs.peer]
+		if n == nil || size[rs.peer]+len(ne.inline)+32 > maxMessage {
+			if n != nil {
+				r.send(rs.peer, n)
+			}
+			n = &notifyMsg{}
+			notes[rs.peer], size[rs.peer] = n, 16
+		}
+		n.entries = append(n.entries, ne)
+		size[rs.peer] += len(ne.inline) + 32
+	}
+	for p, n := range notes {
+		r.send(p, n)
+	}
+}
+
+// writeOne starts one content's write; now reports whether its
+// notification can go at once (false: a put completes later and notifies
+// itself).
+func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
+	content := rs.s.content
+	ne.index = rs.idx
+	if r.cfg.checksum {
+		ne.hasSum, ne.sum = true, crc32.Checksum(content, castagnoli)
+	}
+	if len(content) == 0 {
+		return ne, true
+	}
+	r.st.written.Add(int64(len(content)))
+	ep := r.endpoint(rs.peer)
+	if rs.req.handle != nil && ep != nil && ep.Module().Caps()&btl.CapPut != 0 && ep.Module().Name() == rs.req.transport {
+		ne.via = viaPut
+		done, err := ep.Put(content, rs.req.handle, 0, func(err error) {
+			go r.putDone(rs, ne, err)
+		})
+		if err == nil {
+			r.st.puts.Add(1)
+			return ne, done
+		}
+		// The transport refused the handle: the content goes as a message.
+	}
+	r.st.msgContents.Add(1)
+	if len(content) <= inlineMax {
+		ne.via, ne.inline = viaInline, content
+		return ne, true
+	}
+	ne.via = viaMessage
+	if q, err := r.comm.Isend(content, rs.peer, dataTag(rs.idx)); err == nil {
+		r.track(q)
+	}
+	return ne, true
+}
+
+// putDone notifies a put that completed after its call, or fails the
+// request when the put failed.
+func (r *Rendezvous) putDone(rs *resp, ne notifyEntry, err error) {
+	if err != nil {
+		r.st.errors.Add(1)
+		r.send(rs.peer, &errorMsg{index: rs.idx, text: fmt.Sprintf("write the content: %v", err)})
+		return
+	}
+	r.send(rs.peer, &notifyMsg{entries: []notifyEntry{ne}})
+}
+
+// meta adds a META_DATA_RESPONSE entry for peer; one message per peer
+// carries them all.
+func (o *outbox) meta(peer int, e metaEntry) {
+	for _, m := range o.msgs {
+		if mm, ok := m.m.(*metaMsg); ok && m.peer == peer && len(mm.entries) < 256 {
+			mm.entries = append(mm.entries, e)
+			return
+		}
+	}
+	o.msg(peer, &metaMsg{entries: []metaEntry{e}})
+}
