@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/pml"
@@ -39,10 +38,6 @@ func newComm(in *instance, pc *pml.Comm) *Comm {
 	c.alloc = c.allocSink
 	return c
 }
-
-// A sink must be its Request's first field (allocSink): a non-zero
-// offset makes this constant negative, which does not compile.
-const _ = -unsafe.Offsetof(Request{}.s)
 
 // allocSink returns the sink of a zero Request from rslab, in sink mode:
 // the Request is the sink's container. Called with the engine's lock
@@ -338,7 +333,7 @@ func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
 	// a straight line; the rest is irecv's.
 	if mem, plain := buf.([]byte); plain && c.fast(source, tag) {
 		if pr, s := c.pc.IrecvAlloc(mem, source, tag, c.alloc); pr != nil {
-			r := (*Request)(unsafe.Pointer(s))
+			r := requestOfSink(s)
 			r.p = pr
 			return r, nil
 		}
