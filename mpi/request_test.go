@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/gompi-org/gompi/convertor"
-	"github.com/gompi-org/gompi/internal/mpicheck"
 	"github.com/gompi-org/gompi/mpi"
+	"github.com/gompi-org/gompi/mpi/mpitest"
 )
 
 // Every nonblocking send mode pairs with Irecv; Waitall returns the
@@ -880,7 +880,7 @@ func TestWaitallSharedWindow(t *testing.T) {
 					return err
 				}
 			}
-			other, otherErr := mpicheck.TestEach(reqs)
+			other, otherErr := mpitest.TestEach(reqs)
 			sts, err := mpi.Waitall(reqs)
 			if err != nil {
 				return err
@@ -910,7 +910,7 @@ func TestWaitallSharedWindow(t *testing.T) {
 // the engine still used it would break.
 func TestRendezvousRequestsReused(t *testing.T) {
 	mustRun(t, 2, func(w *mpi.Comm) error {
-		return mpicheck.Windows(w, 1-w.Rank(), 0, 30, 8, []int{20 << 10, 70 << 10, 1})
+		return mpitest.Windows(w, 1-w.Rank(), 0, 30, 8, []int{20 << 10, 70 << 10, 1})
 	}, mpi.WithParam("pml_force_protocol", "rdma_get"))
 }
 

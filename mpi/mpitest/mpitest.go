@@ -1,6 +1,6 @@
-// Package mpicheck holds checks that the in-process tests (package mpi)
+// Package mpitest holds checks that the in-process tests (package mpi)
 // and the multi-process conformance program (tests/progs/conform) share.
-package mpicheck
+package mpitest
 
 import (
 	"bytes"

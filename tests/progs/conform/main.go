@@ -23,8 +23,8 @@ import (
 	"time"
 
 	"github.com/gompi-org/gompi/convertor"
-	"github.com/gompi-org/gompi/internal/mpicheck"
 	"github.com/gompi-org/gompi/mpi"
+	"github.com/gompi-org/gompi/mpi/mpitest"
 )
 
 func main() {
@@ -215,7 +215,7 @@ func run(w *mpi.Comm) error {
 	// two goroutines each, with a third testing the receives: pooled
 	// requests (eager and single-copy rendezvous) are reused at once.
 	if n >= 2 && me <= 1 {
-		if err := mpicheck.Windows(w, 1-me, 1000, 20, 8, []int{20 << 10, 1, 70 << 10, 9000, 300}); err != nil {
+		if err := mpitest.Windows(w, 1-me, 1000, 20, 8, []int{20 << 10, 1, 70 << 10, 9000, 300}); err != nil {
 			return fmt.Errorf("windows: %w", err)
 		}
 	}
