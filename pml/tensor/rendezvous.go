@@ -327,12 +327,14 @@ func (r *Rendezvous) Abort(err error) {
 		r.mu.Unlock()
 		return
 	}
-	r.abortLocked(err, &out)
+	// ABORT goes first: a peer then fails its receives from here with
+	// mpi.ErrAborted before the ERROR_STATUS answers arrive.
 	for p := 0; p < r.size; p++ {
 		if p != r.rank && r.peerErr[p] == nil {
 			out.msg(p, &abortMsg{text: err.Error()})
 		}
 	}
+	r.abortLocked(err, &out)
 	r.mu.Unlock()
 	r.run(&out)
 }

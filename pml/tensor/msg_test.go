@@ -1,0 +1,170 @@
+package tensor
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+// samples holds a valid instance of every message kind.
+func samples() []message {
+	m := meta{dtype: Float32, shape: []int64{2, 3}, bytes: 24}
+	return []message{
+		&requestMsg{entries: []reqEntry{
+			{index: 1, step: 7, name: "grad/w"},
+			{index: 2, step: -1, name: "grad/b", hasMeta: true, meta: m, handle: []byte{1, 2, 3, 4}, transport: "sm"},
+			{index: 3, step: 7, name: "dead", hasMeta: true, meta: meta{dtype: Int64, shape: []int64{5}, dead: true}},
+		}},
+		&requestMsg{re: true, entries: []reqEntry{{index: 9, step: 1, name: "s", hasMeta: true, meta: meta{dtype: String, shape: []int64{2}, bytes: 9}}}},
+		&metaMsg{entries: []metaEntry{{index: 1, meta: m}, {index: 0xffffffff, meta: meta{dtype: Bool, shape: []int64{}, bytes: 1}}}},
+		&notifyMsg{entries: []notifyEntry{{index: 1, via: viaPut}, {index: 2, via: viaInline, hasSum: true, sum: 0xdeadbeef, inline: []byte("abc")},
+			{index: 3, via: viaMessage}, {index: 4, via: viaNone, hasSum: true}}},
+		&errorMsg{index: 5, text: "invalid dtype 99"},
+		&cancelMsg{indices: []uint32{1, 2, 3}},
+		&cancelMsg{cancelled: true, indices: []uint32{4}},
+		&abortMsg{text: "boom"},
+		&abortMsg{closed: true},
+	}
+}
+
+func TestMessageRoundTrip(t *testing.T) {
+	for _, m := range samples() {
+		t.Run(m.kind().String(), func(t *testing.T) {
+			b := encode(m)
+			got, n, err := decode(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != len(b) {
+				t.Fatalf("used %d of %d bytes", n, len(b))
+			}
+			if !reflect.DeepEqual(normal(got), normal(m)) {
+				t.Fatalf("round trip:\n got %#v\nwant %#v", got, m)
+			}
+		})
+	}
+}
+
+// normal maps empty slices to nil, which the encoding does not tell apart.
+func normal(m message) message {
+	switch m := m.(type) {
+	case *requestMsg:
+		c := *m
+		c.entries = append([]reqEntry(nil), m.entries...)
+		for i := range c.entries {
+			if len(c.entries[i].meta.shape) == 0 {
+				c.entries[i].meta.shape = nil
+			}
+		}
+		return &c
+	case *metaMsg:
+		c := *m
+		c.entries = append([]metaEntry(nil), m.entries...)
+		for i := range c.entries {
+			if len(c.entries[i].meta.shape) == 0 {
+				c.entries[i].meta.shape = nil
+			}
+		}
+		return &c
+	case *notifyMsg:
+		c := *m
+		c.entries = append([]notifyEntry(nil), m.entries...)
+		for i := range c.entries {
+			if len(c.entries[i].inline) == 0 {
+				c.entries[i].inline = nil
+			}
+		}
+		return &c
+	}
+	return m
+}
+
+func TestDecodeRejects(t *testing.T) {
+	valid := encode(samples()[0])
+	cases := map[string][]byte{
+		"empty":        nil,
+		"version":      {2, byte(kindAbort), 0},
+		"kind":         {wireVersion, 77},
+		"truncated":    valid[:len(valid)-1],
+		"trailing":     append(append([]byte{}, valid...), 0),
+		"huge count":   binary.AppendUvarint([]byte{wireVersion, byte(kindCancel)}, 1<<40),
+		"bad meta":     (&metaMsg{entries: []metaEntry{{index: 1, meta: meta{dtype: Float32, shape: []int64{3}, bytes: 11}}}}).appendBody([]byte{wireVersion, byte(kindMeta)}),
+		"bad dtype":    (&metaMsg{entries: []metaEntry{{index: 1, meta: meta{dtype: 200, bytes: 0}}}}).appendBody([]byte{wireVersion, byte(kindMeta)}),
+		"negative dim": (&metaMsg{entries: []metaEntry{{index: 1, meta: meta{dtype: Uint8, shape: []int64{-1}}}}}).appendBody([]byte{wireVersion, byte(kindMeta)}),
+		"overflow":     (&metaMsg{entries: []metaEntry{{index: 1, meta: meta{dtype: Float64, shape: []int64{1 << 62, 1 << 62}}}}}).appendBody([]byte{wireVersion, byte(kindMeta)}),
+		"empty name":   (&requestMsg{entries: []reqEntry{{index: 1}}}).appendBody([]byte{wireVersion, byte(kindRequest)}),
+		"re no meta":   (&requestMsg{re: true, entries: []reqEntry{{index: 1, name: "x"}}}).appendBody([]byte{wireVersion, byte(kindReRequest)}),
+		"via":          {wireVersion, byte(kindNotify), 1, 1, 9, 0},
+		"index > u32":  binary.AppendUvarint([]byte{wireVersion, byte(kindError)}, 1<<33),
+	}
+	for name, b := range cases {
+		t.Run(name, func(t *testing.T) {
+			if _, _, err := decode(b); !errors.Is(err, ErrBadMessage) {
+				t.Fatalf("decode(%x) = %v, want ErrBadMessage", b, err)
+			}
+		})
+	}
+}
+
+// FuzzDecode: no input makes decode panic, and whatever it accepts
+// encodes back to the same bytes.
+func FuzzDecode(f *testing.F) {
+	for _, m := range samples() {
+		f.Add(encode(m))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, n, err := decode(b)
+		if err != nil {
+			return
+		}
+		if n != len(b) {
+			t.Fatalf("used %d of %d bytes", n, len(b))
+		}
+		again := encode(m)
+		m2, _, err := decode(again)
+		if err != nil {
+			t.Fatalf("re-encoded message does not decode: %v", err)
+		}
+		if !bytes.Equal(encode(m2), again) {
+			t.Fatal("encoding is not stable")
+		}
+	})
+}
+
+// FuzzStrings: the string tensor decoder never panics and round-trips.
+func FuzzStrings(f *testing.F) {
+	f.Add(encodeStrings([]string{"a", "", "bc"}), uint64(3))
+	f.Fuzz(func(t *testing.T, b []byte, count uint64) {
+		ss, err := decodeStrings(b, count)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(encodeStrings(ss), b) {
+			t.Fatal("strings do not round-trip")
+		}
+	})
+}
+
+func TestPrepare(t *testing.T) {
+	for _, c := range []struct {
+		t  Tensor
+		ok bool
+	}{
+		{Tensor{DType: Float32, Shape: []int64{2}, Data: make([]byte, 8)}, true},
+		{Tensor{DType: Complex128, Shape: []int64{}, Data: make([]byte, 16)}, true},
+		{Tensor{DType: Float32, Shape: []int64{2, 0}}, true},
+		{Tensor{DType: Float32, Shape: []int64{7}, IsDead: true}, true},
+		{Tensor{DType: String, Shape: []int64{2}, Strings: []string{"a", "b"}}, true},
+		{Tensor{DType: 0, Shape: []int64{1}, Data: []byte{1}}, false},
+		{Tensor{DType: Float32, Shape: []int64{2}, Data: make([]byte, 7)}, false},
+		{Tensor{DType: Float32, Shape: []int64{-2}}, false},
+		{Tensor{DType: String, Shape: []int64{3}, Strings: []string{"a"}}, false},
+	} {
+		_, _, err := prepare(c.t)
+		if (err == nil) != c.ok {
+			t.Errorf("prepare(%+v) = %v", c.t, err)
+		}
+	}
+}
