@@ -18,6 +18,10 @@ type Endpoint struct {
 	Port     uint8
 	MTU      ibv.MTU // the port's active MTU
 	Global   bool    // a GRH is needed (RoCE: always)
+	// MaxRdAtomic and MaxDestRdAtomic are the device's limits on READs
+	// outstanding as requester and as responder (0: none known); the
+	// attribute builders clamp ConnOpts.RdAtomic to them.
+	MaxRdAtomic, MaxDestRdAtomic uint8
 }
 
 // LocalEndpoint describes qp on port/gidIndex of c, with psn as the first
@@ -32,15 +36,18 @@ func LocalEndpoint(c ibv.Context, qp ibv.QP, port uint8, gidIndex int, psn uint3
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("query GID %d of port %d: %w", gidIndex, port, err)
 	}
+	d := c.Device()
 	return Endpoint{
-		QPN:      qp.QPN(),
-		PSN:      psn & 0xFFFFFF,
-		GID:      gid,
-		LID:      pa.LID,
-		GIDIndex: gidIndex,
-		Port:     port,
-		MTU:      pa.ActiveMTU,
-		Global:   pa.LinkLayer != ibv.LinkInfiniBand || pa.LID == 0,
+		MaxRdAtomic:     uint8(min(d.MaxQPInitRdAtom, 255)),
+		MaxDestRdAtomic: uint8(min(d.MaxQPRdAtom, 255)),
+		QPN:             qp.QPN(),
+		PSN:             psn & 0xFFFFFF,
+		GID:             gid,
+		LID:             pa.LID,
+		GIDIndex:        gidIndex,
+		Port:            port,
+		MTU:             pa.ActiveMTU,
+		Global:          pa.LinkLayer != ibv.LinkInfiniBand || pa.LID == 0,
 	}, nil
 }
 
@@ -112,7 +119,7 @@ func RTRAttr(local, remote Endpoint, o ConnOpts) (ibv.QPAttr, ibv.AttrMask) {
 		PathMTU:         mtu,
 		DestQPN:         remote.QPN,
 		RQPSN:           remote.PSN,
-		MaxDestRdAtomic: o.RdAtomic,
+		MaxDestRdAtomic: clampRd(o.RdAtomic, local.MaxDestRdAtomic),
 		MinRNRTimer:     o.MinRNRTimer,
 		AH: ibv.AH{
 			DLID:      remote.LID,
@@ -134,8 +141,15 @@ func RTSAttr(local Endpoint, o ConnOpts) (ibv.QPAttr, ibv.AttrMask) {
 		Timeout:     o.Timeout,
 		RetryCnt:    o.RetryCnt,
 		RNRRetry:    o.RNRRetry,
-		MaxRdAtomic: o.RdAtomic,
+		MaxRdAtomic: clampRd(o.RdAtomic, local.MaxRdAtomic),
 	}, ibv.MaskRTRToRTS
+}
+
+func clampRd(want, limit uint8) uint8 {
+	if limit != 0 && want > limit {
+		return limit
+	}
+	return want
 }
 
 // ToInit moves qp from RESET to INIT.
