@@ -1,0 +1,303 @@
+package soft
+
+import (
+	"github.com/gompi-org/gompi/btl/verbs/ibv"
+)
+
+// ackEvery asks for an ACK at least every that many packets of a long
+// message, so that the window moves before the message ends.
+const ackEvery = 32
+
+// pump builds and sends this QP's due packets: READ responses, then the
+// owed ACK or NAK, then requests within the window. One goroutine pumps a
+// QP at a time; a caller that finds it busy leaves (the pumper builds
+// until nothing is due). After budget packets the rest goes to the
+// device's transmit worker.
+func (q *qp) pump(budget int) {
+	q.mu.Lock()
+	if q.pumping {
+		q.mu.Unlock()
+		return
+	}
+	q.pumping = true
+	more := false
+	for {
+		if budget <= 0 {
+			more = true
+			break
+		}
+		q.tx.reset()
+		more = q.buildLocked(min(budget, txBatchPkts))
+		if q.tx.empty() {
+			more = false
+			break
+		}
+		q.tx.dst = q.peer
+		q.mu.Unlock()
+		n, err := q.dev.sock.send(q.ts, q.tx)
+		c := &q.dev.ctr
+		c.pktSent.Add(uint64(n))
+		for i := 0; i < n; i++ {
+			c.bytesSent.Add(uint64(q.tx.pkts[i].size))
+		}
+		if err != nil || n < len(q.tx.pkts) {
+			c.sendErr.Add(uint64(len(q.tx.pkts) - n))
+		}
+		budget -= len(q.tx.pkts)
+		q.mu.Lock()
+		if !more {
+			break
+		}
+	}
+	q.pumping = false
+	q.mu.Unlock()
+	if more {
+		q.dev.schedule(q)
+	}
+}
+
+// buildLocked fills q.tx with up to limit packets and reports whether it
+// stopped at the limit (more may be due).
+func (q *qp) buildLocked(limit int) bool {
+	if q.destroyed {
+		return false
+	}
+	r := &q.r
+	n := 0
+	for len(r.reads) > 0 {
+		if n >= limit || q.tx.full() {
+			return true
+		}
+		q.buildResponse(&r.reads[0])
+		n++
+		if rr := &r.reads[0]; rr.next == rr.npkts {
+			copy(r.reads, r.reads[1:])
+			r.reads = r.reads[:len(r.reads)-1]
+		}
+	}
+	if r.ctl {
+		if n >= limit || q.tx.full() {
+			return true
+		}
+		q.buildCtl()
+		r.ctl = false
+		n++
+	}
+	if q.state != ibv.QPSRTS && q.state != ibv.QPSSQD {
+		return false
+	}
+	for {
+		if n >= limit || q.tx.full() {
+			return true
+		}
+		if !q.buildRequest() {
+			return false
+		}
+		n++
+	}
+}
+
+// seal finishes a packet begun with hdr: payload parts were added by the
+// caller and c covers hdr's BTH through the payload; it appends the pad
+// and the ICRC.
+func (q *qp) seal(hdrLen, payLen int, c uint32) {
+	pad := padLen(payLen)
+	t := q.tx.alloc(pad + icrcLen)
+	if pad > 0 {
+		c = icrcUpdate(c, t[:pad])
+	}
+	putICRC(t[pad:], c)
+	q.tx.part(t)
+}
+
+// startPacket encodes p's headers into the batch and returns the CRC
+// state after them, for a packet with payLen payload bytes.
+func (q *qp) startPacket(p *packet, payLen int) (uint32, int) {
+	p.flags, _ = opInfo(p.bth.opcode)
+	p.bth.pkey = defaultPKey
+	p.bth.destQP = q.attr.DestQPN
+	p.bth.padCnt = uint8(padLen(payLen))
+	hl := headerLen(p.bth.opcode)
+	h := q.tx.alloc(hl)
+	p.encodeHeaders(h)
+	q.tx.begin()
+	q.tx.part(h)
+	udpLen := hl + payLen + padLen(payLen) + icrcLen
+	c := icrcStart(&q.flow, udpLen, h)
+	return icrcUpdate(c, h[bthLen:]), hl
+}
+
+// addPayload adds bytes [off, off+n) of segs to the packet and the CRC.
+func (q *qp) addPayload(c uint32, segs [][]byte, off, n int) uint32 {
+	for _, s := range segs {
+		if n == 0 {
+			break
+		}
+		if off >= len(s) {
+			off -= len(s)
+			continue
+		}
+		piece := s[off:min(len(s), off+n)]
+		q.tx.part(piece)
+		c = icrcUpdate(c, piece)
+		n -= len(piece)
+		off = 0
+	}
+	return c
+}
+
+func (q *qp) buildCtl() {
+	p := packet{bth: bth{opcode: opAck, psn: q.r.ctlPSN}, aeth: aeth{syndrome: q.r.ctlSyn, msn: q.r.msn}}
+	c, hl := q.startPacket(&p, 0)
+	q.seal(hl, 0, c)
+}
+
+func (q *qp) buildResponse(rr *readResp) {
+	k := rr.next
+	rr.next++
+	p := packet{bth: bth{psn: (rr.psn + k) & psnMask}, aeth: aeth{syndrome: synACK | creditsInvalid, msn: q.r.msn}}
+	if rr.atomic {
+		p.bth.opcode, p.orig = opAtomicAck, rr.orig
+		c, hl := q.startPacket(&p, 0)
+		q.seal(hl, 0, c)
+		return
+	}
+	switch {
+	case rr.npkts == 1:
+		p.bth.opcode = opReadRespOnly
+	case k == 0:
+		p.bth.opcode = opReadRespFirst
+	case k == rr.npkts-1:
+		p.bth.opcode = opReadRespLast
+	default:
+		p.bth.opcode = opReadRespMiddle
+	}
+	off := int(k) * q.mtu
+	n := min(q.mtu, len(rr.buf)-off)
+	c, hl := q.startPacket(&p, n)
+	if n > 0 {
+		piece := rr.buf[off : off+n]
+		q.tx.part(piece)
+		c = icrcUpdate(c, piece)
+	}
+	q.seal(hl, n, c)
+}
+
+// Opcodes of a SEND or WRITE packet by position: first, middle, last,
+// only; the immediate forms of last and only.
+var (
+	sendOps  = [4]uint8{opSendFirst, opSendMiddle, opSendLast, opSendOnly}
+	writeOps = [4]uint8{opWriteFirst, opWriteMiddle, opWriteLast, opWriteOnly}
+)
+
+// buildRequest adds the packet at the transmit cursor, if the window,
+// the READ limit, a fence or an RNR wait let it go.
+func (q *qp) buildRequest() bool {
+	if q.txIdx >= q.sqCount || !q.rnrUntil.IsZero() {
+		return false
+	}
+	w := q.sqAt(q.txIdx)
+	if w.locErr != ibv.WCSuccess {
+		q.checkLocErr()
+		return false
+	}
+	if q.txPkt == 0 {
+		if q.state == ibv.QPSSQD {
+			return false
+		}
+		if w.flags&ibv.FlagFence != 0 && q.rdOut > 0 {
+			return false
+		}
+	}
+	rd := isRd(w.op)
+	if rd && q.rdOut >= int(q.attr.MaxRdAtomic) {
+		return false
+	}
+	psn := (w.psn + q.txPkt) & psnMask
+	if int(psnDiff(psn, q.ackPSN)) > q.dev.cfg.Window {
+		return false
+	}
+	if q.txIdx == 0 && q.txPkt == 0 {
+		q.lastProgress = q.dev.clock.Now()
+	}
+	if q.sentAny && psnDiff(psn, q.maxSent) <= 0 {
+		q.dev.ctr.retrans.Add(1)
+	}
+	p := packet{bth: bth{psn: psn}}
+	k := int(q.txPkt)
+	switch {
+	case w.op == ibv.WRRDMARead:
+		p.bth.opcode = opReadRequest
+		done := k * q.mtu
+		p.reth = reth{va: w.raddr + uint64(done), rkey: w.rkey, dmaLen: uint32(w.length - done)}
+		c, hl := q.startPacket(&p, 0)
+		q.seal(hl, 0, c)
+		q.txIdx++
+		q.txPkt = 0
+		q.rdOut++
+	case rd:
+		p.bth.opcode = opFetchAdd
+		p.atomic = atomicETH{va: w.raddr, rkey: w.rkey, swapAdd: w.cmpAdd}
+		if w.op == ibv.WRAtomicCmpAndSwp {
+			p.bth.opcode = opCmpSwap
+			p.atomic.swapAdd, p.atomic.compare = w.swap, w.cmpAdd
+		}
+		c, hl := q.startPacket(&p, 0)
+		q.seal(hl, 0, c)
+		q.txIdx++
+		q.txPkt = 0
+		q.rdOut++
+	default:
+		first := k == 0
+		last := uint32(k) == w.npkts-1
+		pos := 1
+		switch {
+		case first && last:
+			pos = 3
+		case first:
+			pos = 0
+		case last:
+			pos = 2
+		}
+		isWrite := w.op == ibv.WRRDMAWrite || w.op == ibv.WRRDMAWriteWithImm
+		withImm := w.op == ibv.WRRDMAWriteWithImm || w.op == ibv.WRSendWithImm
+		if isWrite {
+			p.bth.opcode = writeOps[pos]
+			if first {
+				p.reth = reth{va: w.raddr, rkey: w.rkey, dmaLen: uint32(w.length)}
+			}
+		} else {
+			p.bth.opcode = sendOps[pos]
+		}
+		if last && withImm {
+			p.bth.opcode++ // the _WITH_IMMEDIATE form follows each last and only opcode
+			p.imm = w.imm
+		}
+		if last && w.flags&ibv.FlagSolicited != 0 && (!isWrite || withImm) {
+			p.bth.se = true
+		}
+		p.bth.ackReq = last || (k+1)%ackEvery == 0
+		off := k * q.mtu
+		n := min(q.mtu, w.length-off)
+		c, hl := q.startPacket(&p, n)
+		c = q.addPayload(c, w.segs, off, n)
+		q.seal(hl, n, c)
+		q.txPkt++
+		if last {
+			q.txIdx++
+			q.txPkt = 0
+		}
+	}
+	last := psn
+	if rd {
+		last = (w.psn + w.npkts - 1) & psnMask
+	}
+	if !q.sentAny || psnDiff(last, q.maxSent) > 0 {
+		q.maxSent = last
+	}
+	q.sentAny = true
+	if q.timeout > 0 && !q.timerArmed {
+		q.arm(q.timeout)
+	}
+	return true
+}

@@ -1,0 +1,315 @@
+package soft
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/gompi-org/gompi/btl/verbs/ibv"
+)
+
+// isRd reports whether op is answered by response packets (READ, atomics)
+// rather than acknowledged.
+func isRd(op ibv.WROpcode) bool {
+	return op == ibv.WRRDMARead || op == ibv.WRAtomicCmpAndSwp || op == ibv.WRAtomicFetchAndAdd
+}
+
+// requesterInput handles an ACK, NAK, READ response or atomic ACK.
+// Called with q.mu held.
+func (q *qp) requesterInput(p *packet) {
+	if q.state != ibv.QPSRTS && q.state != ibv.QPSSQD {
+		return
+	}
+	if !q.sentAny || psnDiff(p.bth.psn, q.maxSent) > 0 {
+		q.dev.ctr.bad.Add(1) // answers something never sent
+		return
+	}
+	if p.bth.opcode != opAck {
+		q.response(p)
+		return
+	}
+	psn := p.bth.psn
+	syn := p.aeth.syndrome
+	switch syn & synKindMsk {
+	case synACK:
+		q.ackUpTo(psn)
+	case synRNR:
+		q.dev.ctr.rnrNakRx.Add(1)
+		q.ackUpTo(psn - 1)
+		if q.state != ibv.QPSErr {
+			q.rnrNAK(psn, syn&synValMsk)
+		}
+	case synNAK:
+		q.ackUpTo(psn - 1)
+		if q.state == ibv.QPSErr {
+			return
+		}
+		switch syn & synValMsk {
+		case nakPSNSeq:
+			q.dev.ctr.seqNakRx.Add(1)
+			q.goBack(psn)
+		case nakInvReq:
+			q.failAt(psn, ibv.WCRemInvReqErr)
+		case nakRemAccess:
+			q.failAt(psn, ibv.WCRemAccessErr)
+		case nakRemOp:
+			q.failAt(psn, ibv.WCRemOpErr)
+		default:
+			q.failAt(psn, ibv.WCRemInvRdReqErr)
+		}
+	}
+}
+
+// progress notes that the peer answered: the retry counters start over.
+func (q *qp) progress() {
+	q.retries = int(q.attr.RetryCnt)
+	q.rnrRetries = int(q.attr.RNRRetry)
+	q.lastProgress = q.dev.clock.Now()
+	q.gapSet = false
+}
+
+// ackUpTo records that every PSN up to psn was executed and completes the
+// requests that finished, in order. A READ or atomic acknowledged by a
+// later PSN while its response is incomplete lost response packets: it is
+// asked for again from the first missing one.
+func (q *qp) ackUpTo(psn uint32) {
+	psn &= psnMask
+	if psnDiff(psn, q.ackPSN) > 0 && psnDiff(psn, q.maxSent) <= 0 {
+		q.ackPSN = psn
+		q.progress()
+	}
+	q.completeDone()
+}
+
+// completeDone completes, from the head, the requests known finished.
+func (q *qp) completeDone() {
+	for q.sqCount > 0 && q.txIdx > 0 {
+		w := &q.sq[q.sqHead]
+		last := (w.psn + w.npkts - 1) & psnMask
+		if isRd(w.op) {
+			if !w.done {
+				if psnDiff(last, q.ackPSN) <= 0 {
+					q.goBack(w.psn + w.rdRcvd)
+				}
+				break
+			}
+		} else if psnDiff(last, q.ackPSN) > 0 {
+			break
+		}
+		q.completeSend(w, ibv.WCSuccess)
+	}
+	q.checkLocErr()
+}
+
+// checkLocErr fails the head request when its local memory was bad and
+// everything before it has completed.
+func (q *qp) checkLocErr() {
+	if q.sqCount > 0 && q.txIdx == 0 && q.txPkt == 0 {
+		if w := &q.sq[q.sqHead]; w.locErr != ibv.WCSuccess {
+			q.completeSend(w, w.locErr)
+			q.toErrLocked()
+		}
+	}
+}
+
+// failAt completes the request holding psn (the head, once earlier ones
+// were acknowledged) with st and moves the QP to ERR.
+func (q *qp) failAt(psn uint32, st ibv.WCStatus) {
+	if q.sqCount > 0 {
+		q.completeSend(&q.sq[q.sqHead], st)
+	}
+	q.toErrLocked()
+}
+
+// goBack moves the transmit cursor back to psn (go-back-N): every packet
+// from there on is sent again. A psn at or after the cursor changes
+// nothing.
+func (q *qp) goBack(psn uint32) {
+	psn &= psnMask
+	for i := 0; i < q.sqCount && i <= q.txIdx; i++ {
+		w := q.sqAt(i)
+		off := psnDiff(psn, w.psn)
+		if off < 0 || uint32(off) >= w.npkts {
+			continue
+		}
+		if i == q.txIdx && uint32(off) >= q.txPkt {
+			return
+		}
+		if isRd(w.op) {
+			if w.done {
+				return
+			}
+			off = int32(w.rdRcvd)
+		}
+		q.txIdx, q.txPkt = i, uint32(off)
+		q.rdOut = 0
+		for j := 0; j < i; j++ {
+			if x := q.sqAt(j); isRd(x.op) && !x.done {
+				q.rdOut++
+			}
+		}
+		return
+	}
+}
+
+// oldestUnacked is the first PSN the requester has no answer for.
+func (q *qp) oldestUnacked() uint32 {
+	w := &q.sq[q.sqHead]
+	if isRd(w.op) {
+		return w.psn + w.rdRcvd
+	}
+	if n := psnDiff(q.ackPSN+1, w.psn); n > 0 && uint32(n) < w.npkts {
+		return q.ackPSN + 1
+	}
+	return w.psn
+}
+
+// rnrNAK waits out an RNR NAK for psn, then sends from psn again; after
+// rnr_retry waits (7: no limit) the request fails.
+func (q *qp) rnrNAK(psn uint32, code uint8) {
+	if q.attr.RNRRetry != 7 {
+		if q.rnrRetries == 0 {
+			q.failAt(psn, ibv.WCRNRRetryExcErr)
+			return
+		}
+		q.rnrRetries--
+	}
+	q.goBack(psn)
+	q.rnrUntil = q.dev.clock.Now().Add(rnrDelay(code))
+	q.arm(rnrDelay(code))
+}
+
+// rnrTimes is the IBA RNR NAK timer table (code -> wait), in
+// microseconds; code 0 is the longest.
+var rnrTimes = [32]uint32{
+	655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920,
+	2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
+}
+
+func rnrDelay(code uint8) time.Duration { return time.Duration(rnrTimes[code&31]) * time.Microsecond }
+
+// response takes a READ response or atomic ACK packet.
+func (q *qp) response(p *packet) {
+	var w *sendWQE
+	for i := 0; i < q.sqCount && i < q.txIdx; i++ {
+		if x := q.sqAt(i); isRd(x.op) && !x.done {
+			w = x
+			break
+		}
+	}
+	if w == nil {
+		return // stale: nothing waits for a response
+	}
+	exp := (w.psn + w.rdRcvd) & psnMask
+	d := psnDiff(p.bth.psn, exp)
+	if d < 0 {
+		return // duplicate
+	}
+	if d > 0 {
+		// A response went missing: ask again from it, once until the
+		// next progress or timeout.
+		if !q.gapSet || q.gapPSN != exp {
+			q.gapSet, q.gapPSN = true, exp
+			q.goBack(exp)
+		}
+		return
+	}
+	f := p.flags
+	if (w.op == ibv.WRRDMARead) != (f&fReadResp != 0) {
+		q.badResponse(exp)
+		return
+	}
+	q.ackUpTo(w.psn - 1) // a response acknowledges every request before it
+	if q.state == ibv.QPSErr {
+		return
+	}
+	if w.op != ibv.WRRDMARead {
+		if len(w.segs) > 0 {
+			binary.LittleEndian.PutUint64(w.segs[0], p.orig)
+		}
+		w.done = true
+	} else {
+		k := int(w.rdRcvd)
+		first, last := k == 0, w.rdRcvd == w.npkts-1
+		want := min(q.mtu, w.length-k*q.mtu)
+		if first != (f&fFirst != 0) || last != (f&fLast != 0) || len(p.payload) != want {
+			q.badResponse(exp)
+			return
+		}
+		scatter(w.segs, k*q.mtu, p.payload)
+		w.rdRcvd++
+		w.done = w.rdRcvd == w.npkts
+	}
+	q.ackPSN = exp
+	q.progress()
+	if w.done {
+		q.rdOut--
+		q.completeDone()
+	}
+}
+
+// badResponse fails the request waiting for exp with BAD_RESP_ERR.
+func (q *qp) badResponse(exp uint32) {
+	q.ackUpTo(exp - 1)
+	if q.state != ibv.QPSErr {
+		q.failAt(exp, ibv.WCBadRespErr)
+	}
+}
+
+// arm starts the QP's timer for d unless it is already armed.
+func (q *qp) arm(d time.Duration) {
+	if q.timerArmed {
+		if !q.timerAt.After(q.dev.clock.Now().Add(d)) {
+			return
+		}
+	}
+	q.timerArmed = true
+	q.timerAt = q.dev.clock.Now().Add(d)
+	q.timer.Reset(d)
+}
+
+// onTimer ends an RNR wait and retransmits after a local ACK timeout;
+// after retry_cnt retransmissions without an answer the head request
+// fails with RETRY_EXC_ERR.
+func (q *qp) onTimer() {
+	q.mu.Lock()
+	q.timerArmed = false
+	if q.destroyed || (q.state != ibv.QPSRTS && q.state != ibv.QPSSQD) {
+		q.mu.Unlock()
+		return
+	}
+	now := q.dev.clock.Now()
+	kick := false
+	if !q.rnrUntil.IsZero() {
+		if now.Before(q.rnrUntil) {
+			q.arm(q.rnrUntil.Sub(now))
+			q.mu.Unlock()
+			return
+		}
+		q.rnrUntil = time.Time{}
+		q.lastProgress = now
+		kick = true
+	}
+	if q.sqCount > 0 && (q.txIdx > 0 || q.txPkt > 0) && q.timeout > 0 {
+		el := now.Sub(q.lastProgress)
+		if el >= q.timeout {
+			if q.retries == 0 {
+				q.failAt(q.oldestUnacked(), ibv.WCRetryExcErr)
+				q.mu.Unlock()
+				return
+			}
+			q.retries--
+			q.dev.ctr.timeouts.Add(1)
+			q.gapSet = false
+			q.goBack(q.oldestUnacked())
+			q.lastProgress = now
+			kick = true
+			q.arm(q.timeout)
+		} else {
+			q.arm(q.timeout - el)
+		}
+	}
+	q.mu.Unlock()
+	if kick {
+		q.pump(txBatchPkts * 2)
+	}
+}

@@ -1,0 +1,386 @@
+package soft
+
+import (
+	"encoding/binary"
+
+	"github.com/gompi-org/gompi/btl/verbs/ibv"
+)
+
+// respState is a QP's responder: what it expects next, the message it is
+// in the middle of, and what it owes the requester.
+type respState struct {
+	ePSN    uint32 // next PSN expected
+	msn     uint32 // messages completed (24 bits)
+	nakSent bool   // a sequence or RNR NAK for ePSN went out; no more until it arrives
+
+	inSend    bool   // between SEND FIRST and LAST (the head receive is taken)
+	inWrite   bool   // between RDMA WRITE FIRST and LAST
+	recvOff   int    // bytes placed into the taken receive
+	solicited bool   // the completing packet had SE
+	wrBuf     []byte // the WRITE's target memory
+	wrPos     int
+
+	// One control packet (ACK or NAK) owed, sent after any READ
+	// responses so that responses stay in PSN order.
+	ctl    bool
+	ctlSyn uint8
+	ctlPSN uint32
+
+	reads   []readResp // READ and atomic responses to send, in PSN order
+	atomics [16]atomicResult
+	atomicN int
+}
+
+// readResp is a READ response (or atomic ACK) in progress.
+type readResp struct {
+	psn    uint32 // PSN of the first response packet
+	npkts  uint32
+	next   uint32 // next packet to send
+	buf    []byte
+	atomic bool
+	orig   uint64
+}
+
+// atomicResult remembers an executed atomic, to answer a duplicate with
+// the same value instead of executing it again.
+type atomicResult struct {
+	psn   uint32
+	orig  uint64
+	valid bool
+}
+
+// psnDiff returns a-b as a signed 24-bit distance.
+func psnDiff(a, b uint32) int32 { return int32((a-b)<<8) >> 8 }
+
+func (q *qp) queueCtl(syn uint8, psn uint32) {
+	q.r.ctl, q.r.ctlSyn, q.r.ctlPSN = true, syn, psn&psnMask
+}
+
+func (q *qp) queueAck() { q.queueCtl(synACK|creditsInvalid, q.r.ePSN-1) }
+
+// responderInput handles a request packet (SEND, WRITE, READ, atomic) in
+// the order of the IBA responder: PSN, opcode sequence, access, length,
+// resources, keys, execution. Called with q.mu held.
+func (q *qp) responderInput(p *packet) {
+	if q.state != ibv.QPSRTR && q.state != ibv.QPSRTS && q.state != ibv.QPSSQD {
+		q.dev.ctr.bad.Add(1)
+		return
+	}
+	r := &q.r
+	d := psnDiff(p.bth.psn, r.ePSN)
+	if d < 0 {
+		q.duplicate(p)
+		return
+	}
+	if d > 0 {
+		q.dev.ctr.oos.Add(1)
+		if !r.nakSent {
+			r.nakSent = true
+			q.queueCtl(synNAK|nakPSNSeq, r.ePSN)
+			q.dev.ctr.seqNakTx.Add(1)
+		}
+		return
+	}
+	f := p.flags
+	first := f&fFirst != 0
+	last := f&fLast != 0
+	switch {
+	case r.inSend:
+		if f&fSend == 0 || first {
+			q.respFatal(nakInvReq, ibv.WCLocQPOpErr)
+			return
+		}
+	case r.inWrite:
+		if f&fWrite == 0 || first {
+			q.respFatal(nakInvReq, 0)
+			return
+		}
+	default:
+		if !first {
+			q.respFatal(nakInvReq, 0)
+			return
+		}
+	}
+	acc := q.attr.AccessFlags
+	if (f&fWrite != 0 && first && acc&ibv.AccessRemoteWrite == 0) ||
+		(f&fRead != 0 && acc&ibv.AccessRemoteRead == 0) ||
+		(f&fAtomic != 0 && acc&ibv.AccessRemoteAtomic == 0) {
+		q.accessError(p)
+		return
+	}
+	if f&fPayload != 0 {
+		n := len(p.payload)
+		if (!last && n != q.mtu) || n > q.mtu {
+			q.respFatal(nakInvReq, 0)
+			return
+		}
+	}
+	if f&fNeedsRecv != 0 && q.rqCount == 0 {
+		r.nakSent = true
+		q.queueCtl(synRNR|q.attr.MinRNRTimer&synValMsk, r.ePSN)
+		q.dev.ctr.rnrNakTx.Add(1)
+		return
+	}
+	switch {
+	case f&fSend != 0:
+		if !q.execSend(p) {
+			return
+		}
+	case f&fWrite != 0:
+		if !q.execWrite(p) {
+			return
+		}
+	case f&fRead != 0:
+		q.execRead(p)
+		return
+	case f&fAtomic != 0:
+		q.execAtomic(p)
+		return
+	}
+	r.ePSN = (r.ePSN + 1) & psnMask
+	r.nakSent = false
+	if last {
+		r.msn = (r.msn + 1) & psnMask
+	}
+	if p.bth.ackReq {
+		q.queueAck()
+	}
+}
+
+// execSend places a SEND packet into the head receive. It returns false
+// when the QP failed.
+func (q *qp) execSend(p *packet) bool {
+	r := &q.r
+	f := p.flags
+	w := &q.rq[q.rqHead]
+	if f&fFirst != 0 {
+		if w.locErr != ibv.WCSuccess {
+			q.respFatal(nakRemOp, w.locErr)
+			return false
+		}
+		r.inSend, r.recvOff = true, 0
+	}
+	if r.recvOff+len(p.payload) > w.length {
+		q.respFatal(nakInvReq, ibv.WCLocLenErr)
+		return false
+	}
+	scatter(w.segs, r.recvOff, p.payload)
+	r.recvOff += len(p.payload)
+	if f&fLast != 0 {
+		r.inSend = false
+		r.solicited = p.bth.se
+		q.completeRecv(ibv.WCSuccess, ibv.WCRecv, r.recvOff, p.imm, f&fImm != 0)
+	}
+	return true
+}
+
+// execWrite places an RDMA WRITE packet. It returns false when the QP
+// failed.
+func (q *qp) execWrite(p *packet) bool {
+	r := &q.r
+	f := p.flags
+	if f&fFirst != 0 {
+		b, ok := q.remoteMem(p.reth.rkey, p.reth.va, p.reth.dmaLen, ibv.AccessRemoteWrite)
+		if !ok {
+			q.accessError(p)
+			return false
+		}
+		if p.reth.dmaLen > 1<<31 {
+			q.respFatal(nakInvReq, 0)
+			return false
+		}
+		r.wrBuf, r.wrPos, r.inWrite = b, 0, true
+	}
+	if r.wrPos+len(p.payload) > len(r.wrBuf) {
+		q.respFatal(nakInvReq, 0)
+		return false
+	}
+	copy(r.wrBuf[r.wrPos:], p.payload)
+	r.wrPos += len(p.payload)
+	if f&fLast != 0 {
+		if r.wrPos != len(r.wrBuf) {
+			q.respFatal(nakInvReq, 0)
+			return false
+		}
+		r.inWrite = false
+		if f&fImm != 0 {
+			r.solicited = p.bth.se
+			q.completeRecv(ibv.WCSuccess, ibv.WCRecvRDMAWithImm, len(r.wrBuf), p.imm, true)
+		}
+		r.wrBuf = nil
+	}
+	return true
+}
+
+// remoteMem checks an rkey and a range for access and returns the memory.
+// A zero-length range needs no valid key.
+func (q *qp) remoteMem(rkey uint32, va uint64, n uint32, need ibv.Access) ([]byte, bool) {
+	if n == 0 {
+		return nil, true
+	}
+	m := q.dev.lookupMR(rkey)
+	if m == nil || m.dead.Load() || m.rkey != rkey || m.pd != q.pd || m.access&need == 0 {
+		return nil, false
+	}
+	return m.slice(va, uint64(n))
+}
+
+func (q *qp) maxReads() int { return int(q.attr.MaxDestRdAtomic) }
+
+func (q *qp) execRead(p *packet) {
+	r := &q.r
+	if p.reth.dmaLen > 1<<31 {
+		q.respFatal(nakInvReq, 0)
+		return
+	}
+	if len(r.reads) >= q.maxReads() {
+		q.respFatal(nakInvReq, 0)
+		return
+	}
+	b, ok := q.remoteMem(p.reth.rkey, p.reth.va, p.reth.dmaLen, ibv.AccessRemoteRead)
+	if !ok {
+		q.accessError(p)
+		return
+	}
+	n := readPkts(int(p.reth.dmaLen), q.mtu)
+	r.reads = append(r.reads, readResp{psn: r.ePSN, npkts: n, buf: b})
+	r.ePSN = (r.ePSN + n) & psnMask
+	r.nakSent = false
+	r.msn = (r.msn + 1) & psnMask
+}
+
+// readPkts is the number of response packets of an n-byte READ.
+func readPkts(n, mtu int) uint32 {
+	if n <= mtu {
+		return 1
+	}
+	return uint32((n + mtu - 1) / mtu)
+}
+
+func (q *qp) execAtomic(p *packet) {
+	r := &q.r
+	if len(r.reads) >= q.maxReads() {
+		q.respFatal(nakInvReq, 0)
+		return
+	}
+	a := &p.atomic
+	if a.va%8 != 0 {
+		q.respFatal(nakInvReq, 0)
+		return
+	}
+	b, ok := q.remoteMem(a.rkey, a.va, 8, ibv.AccessRemoteAtomic)
+	if !ok {
+		q.accessError(p)
+		return
+	}
+	q.dev.atomicMu.Lock()
+	orig := binary.LittleEndian.Uint64(b)
+	if p.bth.opcode == opCmpSwap {
+		if orig == a.compare {
+			binary.LittleEndian.PutUint64(b, a.swapAdd)
+		}
+	} else {
+		binary.LittleEndian.PutUint64(b, orig+a.swapAdd)
+	}
+	q.dev.atomicMu.Unlock()
+	r.atomics[r.atomicN%len(r.atomics)] = atomicResult{psn: r.ePSN, orig: orig, valid: true}
+	r.atomicN++
+	r.reads = append(r.reads, readResp{psn: r.ePSN, npkts: 1, atomic: true, orig: orig})
+	r.ePSN = (r.ePSN + 1) & psnMask
+	r.nakSent = false
+	r.msn = (r.msn + 1) & psnMask
+}
+
+// duplicate answers a request the responder has already executed: a
+// repeated ACK for SEND and WRITE, the response again for READ (executed
+// anew from the packet's RETH, which names the part still missing) and
+// the remembered result for an atomic.
+func (q *qp) duplicate(p *packet) {
+	r := &q.r
+	q.dev.ctr.dups.Add(1)
+	f := p.flags
+	switch {
+	case f&fRead != 0:
+		b, ok := q.remoteMem(p.reth.rkey, p.reth.va, p.reth.dmaLen, ibv.AccessRemoteRead)
+		if !ok || p.reth.dmaLen > 1<<31 || q.attr.AccessFlags&ibv.AccessRemoteRead == 0 {
+			return // the original was valid; the requester's retry is not
+		}
+		rr := readResp{psn: p.bth.psn, npkts: readPkts(int(p.reth.dmaLen), q.mtu), buf: b}
+		q.replaceResponse(rr)
+	case f&fAtomic != 0:
+		for _, a := range r.atomics {
+			if a.valid && a.psn == p.bth.psn {
+				q.replaceResponse(readResp{psn: a.psn, npkts: 1, atomic: true, orig: a.orig})
+				return
+			}
+		}
+	default:
+		if p.bth.ackReq || f&fLast != 0 {
+			q.queueAck()
+		}
+	}
+}
+
+// replaceResponse queues rr, replacing a pending response it overlaps
+// (the requester asks again from rr.psn), keeping PSN order.
+func (q *qp) replaceResponse(rr readResp) {
+	r := &q.r
+	for i := range r.reads {
+		x := &r.reads[i]
+		if psnDiff(rr.psn, x.psn) >= 0 && psnDiff(rr.psn, x.psn+x.npkts) < 0 {
+			*x = rr
+			return
+		}
+	}
+	if len(r.reads) >= max(q.maxReads(), 1)+1 {
+		return // the requester retries later
+	}
+	i := len(r.reads)
+	for i > 0 && psnDiff(r.reads[i-1].psn, rr.psn) > 0 {
+		i--
+	}
+	r.reads = append(r.reads, readResp{})
+	copy(r.reads[i+1:], r.reads[i:])
+	r.reads[i] = rr
+}
+
+// accessError answers an rkey, PD, range or access-flag failure: a
+// remote access error NAK, the receive the packet would consume (if any)
+// completes with LOC_PROT_ERR, and the QP goes to ERR.
+func (q *qp) accessError(p *packet) {
+	st := ibv.WCStatus(0)
+	if p.flags&fNeedsRecv != 0 && q.rqCount > 0 {
+		st = ibv.WCLocProtErr
+	}
+	q.respFatal(nakRemAccess, st)
+}
+
+// respFatal ends the responder on a class C error: the taken receive (if
+// recvSt is not success) completes with recvSt, the QP goes to ERR and a
+// NAK with code for ePSN is owed to the requester.
+func (q *qp) respFatal(code uint8, recvSt ibv.WCStatus) {
+	psn := q.r.ePSN
+	if recvSt != ibv.WCSuccess && q.rqCount > 0 {
+		q.completeRecv(recvSt, 0, 0, 0, false)
+	}
+	q.dev.ctr.errNakTx.Add(1)
+	q.toErrLocked()
+	q.queueCtl(synNAK|code, psn)
+}
+
+// scatter copies data into segs starting at byte off of their
+// concatenation.
+func scatter(segs [][]byte, off int, data []byte) {
+	for _, s := range segs {
+		if len(data) == 0 {
+			return
+		}
+		if off >= len(s) {
+			off -= len(s)
+			continue
+		}
+		n := copy(s[off:], data)
+		data = data[n:]
+		off = 0
+	}
+}

@@ -1,0 +1,338 @@
+package soft
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"runtime"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// sock is the device's UDP socket: a raw blocking descriptor, read by the
+// device's receive goroutine with recvmmsg and written by whichever
+// goroutine pumps a QP, with sendmmsg. Sends use UDP GSO (one system call
+// hands the kernel up to 64 KiB of equal-size packets) and receives UDP
+// GRO (the kernel hands back such runs whole) where the kernel has them;
+// both are probed once at open and switched off on the first failure.
+type sock struct {
+	fd     int
+	local  netip.AddrPort
+	gso    atomic.Bool
+	gro    bool
+	closed atomic.Bool
+}
+
+// gsoMax bounds a GSO super-packet: the UDP length field's 64 KiB and
+// the kernel's segment limit.
+const (
+	gsoMaxBytes = 65000
+	gsoMaxSegs  = 64
+)
+
+func openSock(addr netip.Addr, port int, bufBytes int) (*sock, error) {
+	fam := unix.AF_INET
+	if !addr.Is4() {
+		fam = unix.AF_INET6
+	}
+	fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	s := &sock{fd: fd}
+	var sa unix.Sockaddr
+	if addr.Is4() {
+		sa = &unix.SockaddrInet4{Port: port, Addr: addr.As4()}
+	} else {
+		sa = &unix.SockaddrInet6{Port: port, Addr: addr.As16()}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	s.local = netip.AddrPortFrom(addr, uint16(port))
+	// Large buffers: a window of packets in flight must fit the peer's
+	// receive buffer. The FORCE variants pass rmem_max as root.
+	for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
+		if unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[0], bufBytes) != nil {
+			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[1], bufBytes)
+		}
+	}
+	// DF on every packet (no fragmentation; the IPv4 ID is then zero, as
+	// the ICRC assumes).
+	if addr.Is4() {
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+	} else {
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+	}
+	// A receive timeout bounds how long the receive goroutine takes to
+	// notice Close if the shutdown wake-up were lost.
+	tv := unix.Timeval{Usec: 200000}
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	if unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_SEGMENT, 0) == nil {
+		s.gso.Store(true)
+	}
+	if unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil {
+		s.gro = true
+	}
+	return s, nil
+}
+
+// shutdown wakes the receive goroutine; close releases the descriptor
+// once that goroutine has returned.
+func (s *sock) shutdown() {
+	s.closed.Store(true)
+	_ = unix.Shutdown(s.fd, unix.SHUT_RDWR)
+}
+
+func (s *sock) close() { unix.Close(s.fd) }
+
+// txState is a sender's reusable system-call scratch space.
+type txState struct {
+	msgs []unix.Mmsghdr
+	iovs []unix.Iovec
+	ctrl []byte
+	sa   unix.RawSockaddrInet6
+	sa4  unix.RawSockaddrInet4
+}
+
+const ctrlSpace = 32 // one cmsg with a 2- or 4-byte payload, rounded
+
+func newTxState(maxPkts int) *txState {
+	return &txState{
+		msgs: make([]unix.Mmsghdr, 0, maxPkts),
+		iovs: make([]unix.Iovec, 0, maxPkts*6),
+		ctrl: make([]byte, maxPkts*ctrlSpace),
+	}
+}
+
+// send writes every packet of b to b.dst and returns the number of
+// packets the kernel took. Errors other than interruption end the call:
+// the transport's retransmission covers a lost packet.
+func (s *sock) send(ts *txState, b *txBatch) (int, error) {
+	if len(b.pkts) == 0 {
+		return 0, nil
+	}
+	var name *byte
+	var namelen uint32
+	if b.dst.Addr().Is4() {
+		ts.sa4 = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: b.dst.Addr().As4()}
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&ts.sa4.Port))[:], b.dst.Port())
+		name, namelen = (*byte)(unsafe.Pointer(&ts.sa4)), unix.SizeofSockaddrInet4
+	} else {
+		ts.sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: b.dst.Addr().As16()}
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&ts.sa.Port))[:], b.dst.Port())
+		name, namelen = (*byte)(unsafe.Pointer(&ts.sa)), unix.SizeofSockaddrInet6
+	}
+	gso := s.gso.Load()
+	sent := 0
+	for sent < len(b.pkts) {
+		ts.msgs = ts.msgs[:0]
+		ts.iovs = ts.iovs[:0]
+		// Group packets into messages: with GSO, a run of packets of one
+		// size (the last may be shorter) up to the limits.
+		type span struct{ first, n, seg int }
+		var spans [64]span
+		ns := 0
+		i := sent
+		iovCap := cap(ts.iovs)
+		for i < len(b.pkts) && ns < len(spans) {
+			k := b.pkts[i]
+			sp := span{first: i, n: 1, seg: k.size}
+			iovs := k.n
+			if gso {
+				total := k.size
+				for j := i + 1; j < len(b.pkts) && sp.n < gsoMaxSegs; j++ {
+					kj := b.pkts[j]
+					if kj.size > sp.seg || total+kj.size > gsoMaxBytes || iovs+kj.n > iovCap-len(ts.iovs) {
+						break
+					}
+					total += kj.size
+					iovs += kj.n
+					sp.n++
+					if kj.size < sp.seg {
+						break
+					}
+				}
+			}
+			if len(ts.iovs)+iovs > iovCap {
+				break
+			}
+			for j := sp.first; j < sp.first+sp.n; j++ {
+				for _, p := range b.packetParts(j) {
+					ts.iovs = append(ts.iovs, unix.Iovec{Base: &p[0]})
+					ts.iovs[len(ts.iovs)-1].SetLen(len(p))
+				}
+			}
+			spans[ns] = sp
+			ns++
+			i += sp.n
+		}
+		// Fill the message headers now that the iovec array is final.
+		iv := 0
+		for m := 0; m < ns; m++ {
+			sp := spans[m]
+			niov := 0
+			for j := sp.first; j < sp.first+sp.n; j++ {
+				niov += b.pkts[j].n
+			}
+			var h unix.Mmsghdr
+			h.Hdr.Name, h.Hdr.Namelen = name, namelen
+			h.Hdr.Iov = &ts.iovs[iv]
+			h.Hdr.SetIovlen(niov)
+			iv += niov
+			if sp.n > 1 {
+				c := ts.ctrl[m*ctrlSpace : (m+1)*ctrlSpace]
+				clear(c)
+				hdr := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
+				hdr.Level, hdr.Type = unix.SOL_UDP, unix.UDP_SEGMENT
+				hdr.SetLen(unix.CmsgLen(2))
+				*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(sp.seg)
+				h.Hdr.Control = &c[0]
+				h.Hdr.SetControllen(unix.CmsgSpace(2))
+			}
+			ts.msgs = append(ts.msgs, h)
+		}
+		// Send the messages; sendmmsg may take fewer than offered.
+		done := 0
+		for done < len(ts.msgs) {
+			r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(s.fd),
+				uintptr(unsafe.Pointer(&ts.msgs[done])), uintptr(len(ts.msgs)-done), 0, 0, 0)
+			if e == unix.EINTR {
+				continue
+			}
+			if e != 0 {
+				if (e == unix.EIO || e == unix.EINVAL) && gso && spans[done].n > 1 {
+					// The path cannot segment: send single packets from
+					// now on, starting with this message's.
+					s.gso.Store(false)
+					gso = false
+					break
+				}
+				// Skip the message that failed; the transport retransmits.
+				sent += spans[done].n
+				done++
+				if e == unix.EAGAIN || e == unix.ENOBUFS {
+					continue
+				}
+				runtime.KeepAlive(b)
+				return sent, e
+			}
+			for m := done; m < done+int(r); m++ {
+				sent += spans[m].n
+			}
+			done += int(r)
+		}
+	}
+	runtime.KeepAlive(b)
+	return sent, nil
+}
+
+// rxState is the receive goroutine's batch of buffers.
+type rxState struct {
+	bufs  [][]byte
+	msgs  []unix.Mmsghdr
+	iovs  []unix.Iovec
+	names []unix.RawSockaddrInet6
+	ctrl  []byte
+}
+
+func newRxState(n, bufSize int) *rxState {
+	r := &rxState{
+		bufs:  make([][]byte, n),
+		msgs:  make([]unix.Mmsghdr, n),
+		iovs:  make([]unix.Iovec, n),
+		names: make([]unix.RawSockaddrInet6, n),
+		ctrl:  make([]byte, n*ctrlSpace),
+	}
+	mem := make([]byte, n*bufSize)
+	for i := range r.bufs {
+		r.bufs[i] = mem[i*bufSize : (i+1)*bufSize : (i+1)*bufSize]
+	}
+	return r
+}
+
+// recv waits for at least one datagram and returns how many arrived
+// (MSG_WAITFORONE: the rest of the batch is what is already queued).
+func (s *sock) recv(r *rxState, wait bool) (int, error) {
+	for i := range r.msgs {
+		r.iovs[i] = unix.Iovec{Base: &r.bufs[i][0]}
+		r.iovs[i].SetLen(len(r.bufs[i]))
+		h := &r.msgs[i].Hdr
+		h.Name = (*byte)(unsafe.Pointer(&r.names[i]))
+		h.Namelen = unix.SizeofSockaddrInet6
+		h.Iov = &r.iovs[i]
+		h.SetIovlen(1)
+		h.Control = &r.ctrl[i*ctrlSpace]
+		h.SetControllen(ctrlSpace)
+		h.Flags = 0
+		r.msgs[i].Len = 0
+	}
+	flags := unix.MSG_WAITFORONE
+	if !wait {
+		flags = unix.MSG_DONTWAIT
+	}
+	for {
+		n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(s.fd),
+			uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(len(r.msgs)), uintptr(flags), 0, 0)
+		if e == unix.EINTR {
+			continue
+		}
+		if e != 0 {
+			return 0, e
+		}
+		return int(n), nil
+	}
+}
+
+// datagram returns datagram i of the last recv: its bytes, the size of
+// the packets GRO coalesced into it (its length when none) and the
+// sender. ok is false for a truncated datagram or an unknown sender
+// family.
+func (r *rxState) datagram(i int) (data []byte, seg int, from netip.AddrPort, ok bool) {
+	m := &r.msgs[i]
+	n := int(m.Len)
+	if m.Hdr.Flags&unix.MSG_TRUNC != 0 || n > len(r.bufs[i]) {
+		return nil, 0, from, false
+	}
+	data = r.bufs[i][:n]
+	seg = n
+	cl := int(m.Hdr.Controllen)
+	c := r.ctrl[i*ctrlSpace : i*ctrlSpace+min(cl, ctrlSpace)]
+	for len(c) >= unix.CmsgLen(0) {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
+		l := int(h.Len)
+		if l < unix.CmsgLen(0) || l > len(c) {
+			break
+		}
+		if h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO && l >= unix.CmsgLen(2) {
+			v := int(*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])))
+			if l >= unix.CmsgLen(4) {
+				v = int(*(*int32)(unsafe.Pointer(&c[unix.CmsgLen(0)])))
+			}
+			if v > 0 {
+				seg = v
+			}
+		}
+		sp := unix.CmsgSpace(l - unix.CmsgLen(0))
+		if sp > len(c) {
+			break
+		}
+		c = c[sp:]
+	}
+	sa := &r.names[i]
+	switch sa.Family {
+	case unix.AF_INET:
+		s4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(sa))
+		port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&s4.Port))[:])
+		from = netip.AddrPortFrom(netip.AddrFrom4(s4.Addr), port)
+	case unix.AF_INET6:
+		port := binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:])
+		from = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), port)
+	default:
+		return nil, 0, from, false
+	}
+	return data, seg, from, true
+}
