@@ -97,9 +97,12 @@ type Engine struct {
 	spare    atomic.Pointer[Request] // a done blocking receive's request, not yet cleaned (takeSpare)
 	scratch  frag                    // the fragment being matched (aliases transport memory; copied when kept)
 	closed   error
-	// troubled is set once closed or any peer's failed is: the send fast
-	// path reads it instead of taking the lock.
+	// troubled is set once closed or any peer's failed is, and while a
+	// sendQueue holds operations: the send fast path reads it instead of
+	// taking the lock (Comm.target).
 	troubled atomic.Bool
+	nfailed  int         // peers with failed set (guarded by mu)
+	queues   []sendQueue // by world rank: operations the transport refused (queue.go)
 
 	spin        time.Duration
 	depth       int
@@ -132,6 +135,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{
 		rank: cfg.Rank, size: cfg.Size,
 		peers:       make([]atomic.Pointer[peer], cfg.Size),
+		queues:      make([]sendQueue, cfg.Size),
 		comms:       map[uint32]*Comm{},
 		reqs:        map[uint64]*Request{},
 		nextID:      1,
@@ -148,6 +152,7 @@ func New(cfg Config) (*Engine, error) {
 		e.spin = 0
 	}
 	e.poll.starts = e.runStarts
+	e.poll.retry = e.retry
 	e.poll.kick = make(chan struct{}, 1)
 	if e.logf == nil {
 		e.logf = func(string, ...any) {}
@@ -256,7 +261,8 @@ func (e *Engine) SetSpinner(s btl.Spinner) {
 	}
 }
 
-// Progress polls the polled transports once, and the spinner's hand-offs.
+// Progress polls the polled transports once, and the spinner's
+// hand-offs, and posts again operations the transports refused.
 func (e *Engine) Progress() int {
 	n := e.poll.progress()
 	if e.inbox != nil {
@@ -264,6 +270,10 @@ func (e *Engine) Progress() int {
 	}
 	return n
 }
+
+// Queued reports how many operations the transports refused with
+// btl.ErrWouldBlock are waiting to be posted again.
+func (e *Engine) Queued() int { return int(e.poll.blocked.Load()) }
 
 // Pending reports how many rendezvous requests are still in progress.
 func (e *Engine) Pending() int {
@@ -290,7 +300,12 @@ func (e *Engine) Abort(err error) {
 	for _, r := range fail {
 		e.failLocked(r, err)
 	}
+	var queued []queuedOp
+	for w := range e.queues {
+		queued = e.failQueueLocked(w, queued)
+	}
 	e.mu.Unlock()
+	failQueued(queued, err)
 }
 
 // failLocked ends request r with err and gives back what it holds: its
@@ -332,6 +347,7 @@ func (e *Engine) PeerFailed(r int, err error) {
 		err = fmt.Errorf("rank %d: %w (%w)", r, mpierr.ErrProcFailed, err)
 	}
 	p.failed = err
+	e.nfailed++
 	e.troubled.Store(true)
 	e.logf("pml: rank %d failed: %v", r, err)
 	var fail []*Request
@@ -351,7 +367,11 @@ func (e *Engine) PeerFailed(r int, err error) {
 	for _, q := range fail {
 		e.failLocked(q, err)
 	}
+	// Operations queued for r fail too (their completions run the
+	// requests' failure paths): a waiter does not retry them forever.
+	queued := e.failQueueLocked(r, nil)
 	e.mu.Unlock()
+	failQueued(queued, err)
 }
 
 // protocolError reports a peer that broke the protocol: it is treated as failed.

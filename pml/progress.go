@@ -20,11 +20,17 @@ type pollers struct {
 	// background goroutine naps while there are any.
 	spinners atomic.Int32
 	// starts runs the engine's deferred rendezvous starts; pending says
-	// there are some (set with the engine lock held, after queueing them).
-	// kick wakes the background goroutine for them.
+	// there are some (wantStarts, set with the engine lock held, after
+	// queueing them) or that operations the transports refused wait
+	// (wantRetry, while blocked is not zero): one word, so that the polls
+	// test one load for both. kick wakes the background goroutine for them.
 	starts  func()
-	pending atomic.Bool
+	pending atomic.Uint32
 	kick    chan struct{}
+	// retry posts the operations the transports refused (Engine.retry);
+	// blocked counts them (queue.go).
+	retry   func() int
+	blocked atomic.Int32
 	// napper: the first transport is a BackgroundNapper.
 	napper bool
 	// held: the first transport, when a spinning waiter may hold its poll
@@ -50,20 +56,67 @@ type HeldPoller interface {
 // wakes the background goroutine, which makes that call when the
 // application makes none.
 func (ps *pollers) deferStarts() {
-	ps.pending.Store(true)
+	ps.pending.Or(wantStarts)
 	select {
 	case ps.kick <- struct{}{}:
 	default:
 	}
 }
 
-// runDeferred runs the deferred starts, if any; true if it did.
+// wake rings the background goroutine: operations were queued, which it
+// retries with naps instead of sleeping in a transport's Block.
+func (ps *pollers) wake() {
+	select {
+	case ps.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Bits of pollers.pending.
+const (
+	wantStarts = 1 << iota // deferred rendezvous starts wait
+	wantRetry              // refused operations wait (blocked != 0)
+)
+
+// runDeferred runs the deferred starts, if any, and posts again the
+// operations the transports refused; true if it did either.
 func (ps *pollers) runDeferred() bool {
-	if !ps.pending.Load() || !ps.pending.CompareAndSwap(true, false) {
+	if ps.pending.Load() == 0 {
 		return false
 	}
-	ps.starts()
-	return true
+	return ps.runDeferredSlow()
+}
+
+func (ps *pollers) runDeferredSlow() bool {
+	did := false
+	if ps.pending.Load()&wantStarts != 0 && ps.pending.And(^uint32(wantStarts))&wantStarts != 0 {
+		ps.starts()
+		did = true
+	}
+	if ps.pending.Load()&wantRetry != 0 && ps.retry() > 0 {
+		did = true
+	}
+	return did
+}
+
+// queued notes operations queued (blocked raised first): the polls retry
+// them until blocked is zero again (settled).
+func (ps *pollers) queued() {
+	ps.pending.Or(wantRetry)
+	ps.wake()
+}
+
+// settled clears wantRetry once nothing is queued. An operation queued
+// meanwhile (blocked raised before it sets the bit) is seen by the second
+// look, which sets the bit again.
+func (ps *pollers) settled() {
+	if ps.blocked.Load() != 0 {
+		return
+	}
+	ps.pending.And(^uint32(wantRetry))
+	if ps.blocked.Load() != 0 {
+		ps.pending.Or(wantRetry)
+	}
 }
 
 // bgNap is how long the background goroutine sleeps, without telling the
@@ -155,12 +208,12 @@ func (ps *pollers) progressHeld(held *bool) int {
 			p.mu.Unlock()
 		}
 	}
-	if ps.pending.Load() {
+	if ps.pending.Load() != 0 {
 		if *held {
 			h.EndPoll()
 			*held = false
 		}
-		if ps.runDeferred() {
+		if ps.runDeferredSlow() {
 			n++
 		}
 	}
@@ -176,6 +229,14 @@ func (ps *pollers) block(wake <-chan struct{}, done <-chan struct{}) {
 			return
 		default:
 		}
+	}
+	if ps.blocked.Load() != 0 {
+		// Refused operations wait: retry them, and nap rather than sleep
+		// in the transport, which need not wake when its queue drains.
+		if ps.progress() == 0 {
+			retryPause(wake, done)
+		}
+		return
 	}
 	if ps.runDeferred() {
 		return // it may have completed what the caller waits for
@@ -246,6 +307,11 @@ func (ps *pollers) start() {
 				continue
 			}
 			idle = 0
+			if ps.blocked.Load() != 0 {
+				// Refused operations wait: retry after a short nap.
+				retryPause(ps.stop, nil)
+				continue
+			}
 			if !ps.napper {
 				ps.list[0].p.Block(ps.kick) // close also rings kick
 				continue
@@ -267,5 +333,16 @@ func (ps *pollers) close() {
 		}
 		ps.wg.Wait()
 		ps.stop = nil
+	}
+}
+
+// retryPause sleeps for retryNap, or until wake or done fires.
+func retryPause(wake, done <-chan struct{}) {
+	t := time.NewTimer(retryNap)
+	defer t.Stop()
+	select {
+	case <-wake:
+	case <-done:
+	case <-t.C:
 	}
 }

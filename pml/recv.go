@@ -417,8 +417,8 @@ func (e *Engine) sendAck(r *Request, off, size int, flags uint8) {
 	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
 	h := hdr.Ack{Flags: flags, SrcReq: r.srcReq, DstReq: r.id, SendOffset: uint64(off), SendSize: uint64(size)}
 	n := h.Encode(hb[:])
-	if err := r.ep.SendImmediate(btl.Tag(hdr.TypeAck), hb[:n], nil); err != nil {
-		if _, err := r.ep.Send(btl.Tag(hdr.TypeAck), hb[:n], nil, func(error) {}); err != nil {
+	if err := e.sendImmTo(r.peerWorld, r.ep, btl.Tag(hdr.TypeAck), hb[:n], nil); err != nil {
+		if _, err := e.sendTo(r.peerWorld, r.ep, btl.Tag(hdr.TypeAck), hb[:n], nil, func(error) {}); err != nil {
 			e.PeerFailed(r.peerWorld, err)
 		}
 	}
@@ -496,7 +496,7 @@ func (e *Engine) getAll(r *Request, p *peer) {
 		r.inflight++
 		e.mu.Unlock()
 		off := off
-		done, err := ep.Get(r.buf.Bytes[off:off+n], handle, off, func(err error) { e.getDone(r, off, n, true, err) })
+		done, err := e.getTo(r.peerWorld, ep, r.buf.Bytes[off:off+n], handle, off, func(err error) { e.getDone(r, off, n, true, err) })
 		if err != nil {
 			e.getDone(r, off, n, true, err)
 		} else if done {
@@ -610,7 +610,7 @@ func (e *Engine) sendPuts(r *Request) {
 		e.mu.Unlock()
 		h := hdr.Put{Flags: flags, SrcReq: r.srcReq, DstReq: r.id, Offset: uint64(off), Size: uint64(n), Handle: reg.Handle()}
 		l := h.Encode(hb[:])
-		if _, err := r.ep.Send(btl.Tag(hdr.TypePut), hb[:l], nil, func(error) {}); err != nil {
+		if _, err := e.sendTo(r.peerWorld, r.ep, btl.Tag(hdr.TypePut), hb[:l], nil, func(error) {}); err != nil {
 			e.PeerFailed(r.peerWorld, err)
 			return
 		}

@@ -264,6 +264,15 @@ func (e *Engine) wait(ctx context.Context, r *Request, bulk bool) error {
 			}
 			continue
 		}
+		if e.poll.blocked.Load() != 0 {
+			// Without a background poller, the waiters retry what the
+			// transports refused.
+			e.waitQueued(w.ch, done)
+			if done != nil && ctx.Err() != nil && !r.Done() {
+				return ctx.Err()
+			}
+			continue
+		}
 		if done == nil {
 			<-w.ch
 			continue
@@ -346,9 +355,12 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 		if i := find(); i >= 0 {
 			return i
 		}
-		if e.poll.active() {
+		switch {
+		case e.poll.active():
 			e.poll.block(w.ch, nil)
-		} else {
+		case e.poll.blocked.Load() != 0:
+			e.waitQueued(w.ch, nil)
+		default:
 			<-w.ch
 		}
 	}

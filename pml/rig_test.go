@@ -332,9 +332,17 @@ func (g *rig) poll() {
 	}
 }
 
-// step delivers the oldest pending operation.
+// step delivers the oldest pending operation, and has the engines post
+// again what the transport refused (btl.ErrWouldBlock); false when there
+// was nothing to do.
 func (g *rig) step() bool {
 	ok := g.net.Step()
+	for _, e := range g.eng {
+		if e != nil && e.Queued() > 0 {
+			e.Progress()
+			ok = true
+		}
+	}
 	g.poll()
 	return ok
 }

@@ -1,6 +1,8 @@
 package pml
 
 import (
+	"errors"
+
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/pml/hdr"
@@ -62,9 +64,16 @@ func (c *Comm) target(dest int) (*peer, error) {
 		if err != nil {
 			return nil, err
 		}
+		if e.queues[p.world].n.Load() != 0 {
+			return p, errQueued
+		}
 	}
 	return p, nil
 }
+
+// errQueued: Comm.target found operations to the peer queued (queue.go).
+// The message must queue behind them: not by the fast path.
+var errQueued = errors.New("pml: operations queued for the peer")
 
 // IsendNow is Isend (without a release) that sends a small message at once
 // when it can: it then returns a nil request and the send is complete
@@ -93,6 +102,9 @@ func (c *Comm) sendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (r *R
 	}
 	p, err := c.target(dest)
 	if err != nil {
+		if err == errQueued {
+			return nil, false, nil // startSend queues it
+		}
 		return nil, false, err
 	}
 	e := c.e
@@ -130,7 +142,7 @@ func (c *Comm) sendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (r *R
 	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
 	n := m.Encode(hb[:])
 	if proto == EagerImmediate {
-		err = p.ep.SendImmediate(btl.Tag(hdr.TypeMatch), hb[:n], b)
+		err = e.sendImmTo(p.world, p.ep, btl.Tag(hdr.TypeMatch), hb[:n], b)
 		if err == nil {
 			hdrPool.Put(hb)
 			e.count(EagerImmediate, len(b))
@@ -193,7 +205,7 @@ func (e *Engine) count(p Protocol, n int) {
 func (c *Comm) startSend(r *Request, buf Buffer, dest, tag int, mode Mode, release func()) error {
 	e := c.e
 	p, err := c.target(dest)
-	if err != nil {
+	if err != nil && err != errQueued { // queued: the sends below queue behind
 		return err
 	}
 	size := buf.Len()
@@ -226,7 +238,7 @@ func (c *Comm) startSend(r *Request, buf Buffer, dest, tag int, mode Mode, relea
 				buf.Conv.SetPosition(0)
 				data = tmp[:buf.Conv.Pack(tmp)]
 			}
-			if p.ep.SendImmediate(btl.Tag(hdr.TypeMatch), hb[:n], data) == nil {
+			if e.sendImmTo(p.world, p.ep, btl.Tag(hdr.TypeMatch), hb[:n], data) == nil {
 				e.finishSend(r, nil)
 				return nil
 			}
@@ -317,18 +329,18 @@ func (c *Comm) sendEager(r *Request, p *peer, h []byte) (bool, error) {
 	size := r.buf.Len()
 	cb := func(err error) { e.finishSend(r, err) }
 	if r.proto == EagerPrepared {
-		return p.ep.Send(btl.Tag(hdr.TypeMatch), h, r.buf.Bytes, cb)
+		return e.sendTo(p.world, p.ep, btl.Tag(hdr.TypeMatch), h, r.buf.Bytes, cb)
 	}
 	b, err := p.ep.Alloc(len(h) + size)
 	if err != nil {
 		b = make([]byte, len(h)+size)
 		copy(b, h)
 		e.pack(r, b[len(h):], 0)
-		return p.ep.Send(btl.Tag(hdr.TypeMatch), b[:len(h)], b[len(h):], cb)
+		return e.sendTo(p.world, p.ep, btl.Tag(hdr.TypeMatch), b[:len(h)], b[len(h):], cb)
 	}
 	copy(b, h)
 	e.pack(r, b[len(h):], 0)
-	return p.ep.SendAlloc(btl.Tag(hdr.TypeMatch), b, len(h), cb)
+	return e.sendAllocTo(p.world, p.ep, btl.Tag(hdr.TypeMatch), b, len(h), cb)
 }
 
 // pack copies message bytes [off, off+len(dst)) into dst; returns bytes packed.
@@ -358,7 +370,7 @@ func (e *Engine) pack(r *Request, dst []byte, off int) int {
 // sendCtl sends a header-only fragment that belongs to send request r.
 func (e *Engine) sendCtl(r *Request, p *peer, t hdr.Type, h []byte) error {
 	ep := p.ep
-	if p.caps&btl.CapSendImmediate != 0 && ep.SendImmediate(btl.Tag(t), h, nil) == nil {
+	if p.caps&btl.CapSendImmediate != 0 && e.sendImmTo(p.world, ep, btl.Tag(t), h, nil) == nil {
 		// Sent, and nothing of r is touched after: no fragment to count
 		// in flight, and no completion closure (an allocation per
 		// rendezvous). Refused or failed: the counted path below, whose
@@ -368,7 +380,7 @@ func (e *Engine) sendCtl(r *Request, p *peer, t hdr.Type, h []byte) error {
 	e.mu.Lock()
 	r.inflight++
 	e.mu.Unlock()
-	done, err := ep.Send(btl.Tag(t), h, nil, func(err error) { e.sendDone(r, 0, err) })
+	done, err := e.sendTo(p.world, ep, btl.Tag(t), h, nil, func(err error) { e.sendDone(r, 0, err) })
 	if err != nil {
 		e.sendDone(r, 0, err)
 		return nil
@@ -388,7 +400,7 @@ func (e *Engine) sendChunk(r *Request, p *peer, t hdr.Type, h []byte, off, n int
 	var done bool
 	var err error
 	if r.buf.Conv == nil && p.caps&btl.CapSendInPlace != 0 {
-		done, err = p.ep.Send(btl.Tag(t), h, r.buf.Bytes[off:off+n], cb)
+		done, err = e.sendTo(p.world, p.ep, btl.Tag(t), h, r.buf.Bytes[off:off+n], cb)
 	} else {
 		var b []byte
 		b, err = p.ep.Alloc(len(h) + n)
@@ -416,9 +428,9 @@ func (e *Engine) sendChunk(r *Request, p *peer, t hdr.Type, h []byte, off, n int
 			b = b[:len(h)+n]
 		}
 		if err != nil {
-			done, err = p.ep.Send(btl.Tag(t), b[:len(h)], b[len(h):], cb)
+			done, err = e.sendTo(p.world, p.ep, btl.Tag(t), b[:len(h)], b[len(h):], cb)
 		} else {
-			done, err = p.ep.SendAlloc(btl.Tag(t), b, len(h), cb)
+			done, err = e.sendAllocTo(p.world, p.ep, btl.Tag(t), b, len(h), cb)
 		}
 	}
 	if err != nil {
@@ -625,7 +637,7 @@ func (e *Engine) onPut(ep btl.Endpoint, b, _ []byte) {
 		e.sendFin(ep, dst, off, n)
 		e.sendDone(r, n, nil)
 	}
-	done, err := ep.Put(r.buf.Bytes[off:off+n], handle, 0, finish)
+	done, err := e.putTo(ep.Peer(), ep, r.buf.Bytes[off:off+n], handle, 0, finish)
 	if err != nil {
 		finish(err)
 	} else if done {
@@ -637,8 +649,9 @@ func (e *Engine) sendFin(ep btl.Endpoint, req uint64, off, n int) {
 	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
 	h := hdr.Fin{Req: req, Offset: uint64(off), Size: int64(n)}
 	l := h.Encode(hb[:])
-	if err := ep.SendImmediate(btl.Tag(hdr.TypeFin), hb[:l], nil); err != nil {
-		ep.Send(btl.Tag(hdr.TypeFin), hb[:l], nil, func(error) {})
+	w := ep.Peer()
+	if err := e.sendImmTo(w, ep, btl.Tag(hdr.TypeFin), hb[:l], nil); err != nil {
+		e.sendTo(w, ep, btl.Tag(hdr.TypeFin), hb[:l], nil, func(error) {})
 	}
 	hdrPool.Put(hb)
 }
