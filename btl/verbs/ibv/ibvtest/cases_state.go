@@ -295,8 +295,10 @@ func caseErrFromAnyState(t *testing.T, e *env) {
 	}
 }
 
-// casePostSendOutsideRTS: PostSend in RESET, INIT, RTR and ERR is refused
-// at once (bad index 0) and produces no completion.
+// casePostSendOutsideRTS: PostSend in RESET, INIT and RTR is refused at
+// once (ErrInvalid, bad index 0) and produces no completion. In ERR the
+// request is taken and completes with WCWRFlushErr, as every request
+// posted to a QP in ERR does (notes/protocols.md F.4), on both queues.
 func casePostSendOutsideRTS(t *testing.T, e *env) {
 	for _, st := range []ibv.QPState{ibv.QPSReset, ibv.QPSInit, ibv.QPSRTR, ibv.QPSErr} {
 		t.Run(st.String(), func(t *testing.T) {
@@ -306,6 +308,14 @@ func casePostSendOutsideRTS(t *testing.T, e *env) {
 			buf := e.buf(a.pd, 64)
 			e.stepTo(a, b.ep, st)
 			bad, err := a.qp.PostSend([]ibv.SendWR{{ID: 1, Opcode: ibv.WRSend, Flags: ibv.FlagSignaled, SGList: []ibv.SGEntry{ibv.SGE(buf, 0, 64)}}})
+			if st == ibv.QPSErr {
+				must(t, err, "PostSend in ERR (bad index %d)", bad)
+				e.status(e.wc(a.scq), 1, ibv.WCWRFlushErr, "a send posted in ERR")
+				e.postRecv(a, ibv.RecvWR{ID: 2, SGList: []ibv.SGEntry{ibv.SGE(buf, 0, 64)}})
+				e.status(e.wc(a.rcq), 2, ibv.WCWRFlushErr, "a receive posted in ERR")
+				e.state(a.qp, ibv.QPSErr, "after posting in ERR")
+				return
+			}
 			wantErr(t, err, ibv.ErrInvalid, fmt.Sprintf("PostSend in %v", st))
 			if bad != 0 {
 				t.Fatalf("PostSend in %v: bad index %d, want 0", st, bad)

@@ -258,7 +258,9 @@ func (q *qp) PostSend(wrs []ibv.SendWR) (int, error) {
 	if closed {
 		return 0, fmt.Errorf("rdmacore: QP: %w", ibv.ErrClosed)
 	}
-	if st != ibv.QPSRTS {
+	// Before RTS a send is refused; in ERR the device takes it and
+	// flushes it (WCWRFlushErr), as it does every request behind an error.
+	if st == ibv.QPSReset || st == ibv.QPSInit || st == ibv.QPSRTR {
 		return 0, fmt.Errorf("rdmacore: post send on QP %#x in %v: %w", q.QPN(), st, ibv.ErrInvalid)
 	}
 	n, refused := q.checkSend(wrs)
