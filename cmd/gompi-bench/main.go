@@ -9,7 +9,8 @@
 // batches of the batch average), bw (a window of Isend + Waitall answered
 // by a 4-byte ack), bibw (both directions at once), rate (messages per
 // second with a window of small messages), idle (CPU used by rank 0 while
-// it is blocked in Recv and rank 1 sleeps --idle-time before sending).
+// it is blocked in Recv and rank 1 sleeps --idle-time before sending),
+// tensor (the tensor rendezvous against plain messages: tensor.go).
 // 1 MB = 1e6 bytes. Rank 0 prints.
 package main
 
@@ -46,6 +47,7 @@ type config struct {
 	window     int
 	csv        bool
 	idle       time.Duration
+	tensors    int // tensor mode: small tensors per step
 	plot       string
 	overlay    string
 	label      string
@@ -73,11 +75,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	overlay := fs.String("plot-overlay", "", "CSV (size,value) of another run to draw on the same plot, e.g. Open MPI's")
 	label := fs.String("plot-label", "other", "legend of the overlay curve")
 	idle := fs.Duration("idle-time", 2*time.Second, "idle mode: how long rank 1 sleeps before it sends")
+	tensors := fs.Int("tensors", 500, "tensor mode: 64-byte tensors per step in the many-small-tensors test")
 	inproc := fs.Bool("inprocess", false, "run two goroutine ranks over the self transport instead of under gorun")
 	cpuprof := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE.rank<N> (N = GOMPI_RANK, 0 outside gorun)")
 	memprof := fs.String("memprofile", "", "write an allocation profile (every allocation sampled) to FILE.rank<N>")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: gompi-bench latency|bw|bibw|rate|idle [flags]   (under gorun -np 2, or with --inprocess)")
+		fmt.Fprintln(stderr, "usage: gompi-bench latency|bw|bibw|rate|idle|tensor [flags]   (under gorun -np 2, or with --inprocess)")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -92,12 +95,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := config{mode: fs.Arg(0), iterations: *iters, warmup: *warmup, warmupTime: *warmupTime, batches: max(1, *batches), window: max(1, *window),
-		csv: *csv, idle: *idle, plot: *plot, overlay: *overlay, label: *label, out: stdout}
+		csv: *csv, idle: *idle, tensors: max(1, *tensors), plot: *plot, overlay: *overlay, label: *label, out: stdout}
 	switch cfg.mode {
-	case "latency", "bw", "bibw", "rate", "idle":
+	case "latency", "bw", "bibw", "rate", "idle", "tensor":
 	default:
-		fmt.Fprintf(stderr, "gompi-bench: unknown mode %q (want latency, bw, bibw, rate or idle)\n", cfg.mode)
+		fmt.Fprintf(stderr, "gompi-bench: unknown mode %q (want latency, bw, bibw, rate, idle or tensor)\n", cfg.mode)
 		return 2
+	}
+	if cfg.mode == "tensor" && !fs.Changed("sizes") {
+		*sizes = "64k,4m" // the tensor mode's own default
 	}
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := params.ParseSize(s)
@@ -179,6 +185,9 @@ func bench(w *mpi.Comm, cfg *config) error {
 	}
 	if cfg.mode == "idle" {
 		return idleCPU(w, cfg)
+	}
+	if cfg.mode == "tensor" {
+		return tensorBench(w, cfg)
 	}
 	rank := w.Rank()
 	if rank <= 1 {
