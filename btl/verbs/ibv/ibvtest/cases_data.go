@@ -151,16 +151,17 @@ func caseCompletionOrderMixed(t *testing.T, e *env) {
 		}
 		wrs = append(wrs, wr)
 	}
-	// Copies taken before the operations run: what WRITEs and SENDs carry
-	// and what READs bring back.
-	before := append([]byte(nil), local.Buf()...)
-	remoteBefore := append([]byte(nil), remote.Buf()...)
+	// What WRITEs and SENDs carry and what READs bring back: the patterns
+	// the MRs were registered with (the responder's memory is not read
+	// here, before its device has ordered anything after the test).
+	before, remoteBefore := pattern(16*4096, 24), pattern(16*4096, 25)
 	e.postSend(a, wrs...)
 	for i, wc := range e.wcs(a.scq, len(ops)) {
 		e.status(wc, uint64(i), ibv.WCSuccess, fmt.Sprintf("completion %d (%v)", i, ops[i]))
 		e.opcode(wc, want[ops[i]], fmt.Sprintf("completion %d (%v)", i, ops[i]))
 	}
 	e.wcs(b.rcq, 3)
+	e.sync(a, b)
 	for i, op := range ops {
 		off, n := i*4096, 4096-i*300
 		switch op {
@@ -340,6 +341,7 @@ func caseSigAll(t *testing.T, e *env) {
 	for i, wc := range e.wcs(a.scq, 2) {
 		e.status(wc, uint64(i+1), ibv.WCSuccess, "unflagged WRITE on a SigAll QP")
 	}
+	e.sync(a, b)
 	e.sameBytes(dst.Buf(), src.Buf(), "SigAll WRITEs")
 }
 

@@ -89,6 +89,7 @@ func caseRegOverlapping(t *testing.T, e *env) {
 	fill(src.Buf(), 1)
 	// Through m1 into [3000, 4000), the overlap.
 	e.status(e.remoteOp(a, ibv.WRRDMAWrite, src, 0, 1000, m1.Addr()+3000, m1.RKey(), 1), 1, ibv.WCSuccess, "WRITE through the first MR")
+	e.sync(a, b)
 	e.sameBytes(mem[3000:4000], src.Buf()[:1000], "bytes written through the first MR")
 	// Read them back through m2 (offset 952 of m2 is byte 3000).
 	back := e.buf(a.pd, 1000)
@@ -97,6 +98,7 @@ func caseRegOverlapping(t *testing.T, e *env) {
 	// Through m2 into its tail, then b sends from m1 and m2 (two SGEs).
 	fill(src.Buf(), 2)
 	e.status(e.remoteOp(a, ibv.WRRDMAWrite, src, 0, 4096, m2.Addr()+2048, m2.RKey(), 3), 3, ibv.WCSuccess, "WRITE through the second MR")
+	e.sync(a, b)
 	e.sameBytes(mem[4096:], src.Buf(), "bytes written through the second MR")
 	dst := e.buf(a.pd, 200)
 	e.postRecv(a, ibv.RecvWR{ID: 4, SGList: []ibv.SGEntry{ibv.SGE(dst, 0, 200)}})
@@ -169,8 +171,8 @@ func caseRemoteOutOfBounds(t *testing.T, e *env) {
 				// The MR sits inside a larger buffer, so out-of-bounds
 				// accesses would land in memory the test can see.
 				mem := make([]byte, 3072)
+				fill(mem[1024:2048], 6) // before RegMR, which orders it before the device's accesses
 				target := e.mr(b.pd, mem[1024:2048], allAccess)
-				fill(target.Buf(), 6)
 				local := e.buf(a.pd, 2048)
 				fill(local.Buf(), 7)
 				wc := e.remoteOp(a, op, local, 0, r.n, uint64(int64(target.Addr())+r.off), target.RKey(), 1)
@@ -258,6 +260,7 @@ func caseQPAccessGating(t *testing.T, e *env) {
 			wc := e.remoteOp(a, c.op, local, 0, 128, remote.Addr(), remote.RKey(), 1)
 			if c.ok {
 				e.status(wc, 1, ibv.WCSuccess, fmt.Sprintf("%v to %s", c.op, c.why))
+				e.sync(a, b)
 				e.sameBytes(local.Buf(), remote.Buf(), "both sides after the operation")
 				return
 			}

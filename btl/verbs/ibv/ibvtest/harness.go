@@ -262,3 +262,20 @@ func (e *env) sameBytes(got, want []byte, what string) {
 }
 
 var _ = testing.Verbose
+
+// syncID marks the requests of sync.
+const syncID = 1 << 60
+
+// sync makes b's memory safe to read after WRITEs from a: a 0-byte SEND
+// from a completes a receive at b, and RC ordering puts every earlier
+// WRITE on the QP before that completion (F.4). Reading after the
+// requester's WRITE completion alone would rely on the ACK, which a
+// provider delivers through the network (soft: a UDP socket) and which
+// therefore orders nothing for Go's memory model or the race detector.
+func (e *env) sync(a, b *side) {
+	e.t.Helper()
+	e.postRecv(b, ibv.RecvWR{ID: syncID})
+	e.postSend(a, ibv.SendWR{ID: syncID, Opcode: ibv.WRSend, Flags: ibv.FlagSignaled})
+	e.status(e.wc(a.scq), syncID, ibv.WCSuccess, "the sync SEND")
+	e.status(e.wc(b.rcq), syncID, ibv.WCSuccess, "the sync receive")
+}
