@@ -15,6 +15,7 @@ import (
 	"github.com/gompi-org/gompi/btl/self"
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/internal/params"
+	"github.com/gompi-org/gompi/launcher/pmi"
 	"github.com/gompi-org/gompi/launcher/store"
 	"github.com/gompi-org/gompi/pml"
 )
@@ -23,13 +24,24 @@ import (
 var proc struct {
 	mu        sync.Mutex
 	in        *instance
-	store     *store.Client
+	store     jobControl // gorun's store client or the PMI job; nil for a singleton
 	finalized bool
 }
 
-// Init joins the job: under gorun it connects to gorun's wire-up store
-// and opens the transports; started any other way the process is a
-// singleton job of size 1. It returns the world communicator. Calling
+// jobControl is what Init and Finalize need of the launcher: gorun's
+// store client or a PMI job (hydra, Slurm).
+type jobControl interface {
+	Fence(ctx context.Context, name string) error
+	Finalize() error
+	Abort(code int, msg string) error
+	Close() error
+}
+
+// Init joins the job: under gorun (GOMPI_STORE set) it connects to gorun's
+// wire-up store; started by a PMI process manager (PMI_FD or PMI_PORT set:
+// MPICH's mpiexec, srun --mpi=pmi2) it joins through PMI (package
+// launcher/pmi); then it opens the transports. Started any other way the
+// process is a singleton job of size 1. It returns the world communicator. Calling
 // Init twice, or after Finalize, is an error (ErrNotInit after Finalize).
 func Init(opts ...Option) (*Comm, error) {
 	proc.mu.Lock()
@@ -54,20 +66,31 @@ func Init(opts ...Option) (*Comm, error) {
 	if verbose {
 		logf = func(f string, a ...any) { fmt.Fprintf(os.Stderr, "gompi[%d]: "+f+"\n", append([]any{rank}, a...)...) }
 	}
-	var client *store.Client
+	var client jobControl
 	var secret []byte
-	if addr := os.Getenv("GOMPI_STORE"); addr != "" {
+	var pj *pmi.Job
+	if os.Getenv("GOMPI_STORE") == "" && pmi.Detect(os.Getenv) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		pj, err = pmi.Join(ctx, os.Getenv)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("join the job through PMI: %w", err)
+		}
+		client, secret, rank, size = pj, pj.Secret, pj.Rank, pj.Size
+		logf("PMI-%d job %s: rank %d of %d, local %d of %d (%s)", pj.Client().Version(), pj.JobID, rank, size, pj.LocalRank, pj.LocalSize, pj.Local)
+	} else if addr := os.Getenv("GOMPI_STORE"); addr != "" {
 		secret, err = hex.DecodeString(os.Getenv("GOMPI_SECRET"))
 		if err != nil || len(secret) == 0 {
 			return nil, mpierr.Errorf(mpierr.ErrArg, "GOMPI_SECRET is missing or not hex")
 		}
 		os.Unsetenv("GOMPI_SECRET") // keep it out of child processes
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		client, err = store.Dial(ctx, addr, secret, rank)
+		sc, err := store.Dial(ctx, addr, secret, rank)
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("connect to gorun's store at %s: %w", addr, err)
 		}
+		client = sc
 	} else if size != 1 {
 		return nil, mpierr.Errorf(mpierr.ErrArg, "GOMPI_SIZE=%d without GOMPI_STORE: start the job with gorun", size)
 	}
@@ -78,6 +101,10 @@ func Init(opts ...Option) (*Comm, error) {
 	}
 	in.abort = func(code int, err error) {
 		in.engine.Abort(err)
+		if pj != nil {
+			// hydra does not print an abort's message: say it here.
+			fmt.Fprintf(os.Stderr, "gompi: rank %d: %v\n", rank, err)
+		}
 		if client != nil {
 			client.Abort(code, err.Error())
 		}
@@ -87,8 +114,11 @@ func Init(opts ...Option) (*Comm, error) {
 	env.LocalRank, env.LocalSize = envInt("GOMPI_LOCAL_RANK", rank), envInt("GOMPI_LOCAL_SIZE", size)
 	env.JobID = os.Getenv("GOMPI_JOB_ID")
 	env.Secret = secret
-	if client != nil {
-		env.Store = client
+	if sc, ok := client.(*store.Client); ok {
+		env.Store = sc
+	} else if pj != nil {
+		env.Store = pj.Store
+		env.LocalRank, env.LocalSize, env.JobID = pj.LocalRank, pj.LocalSize, pj.JobID
 	}
 	w := self.NewWorld()
 	m, err := w.Attach(env)
@@ -120,6 +150,18 @@ func Init(opts ...Option) (*Comm, error) {
 		}
 		in.modules = append(in.modules, mods...)
 	}
+	if pj != nil {
+		// PMI makes puts visible only at a fence: every transport has
+		// published its address (in Open), none has read a peer's yet.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		err := pj.Fence(ctx, "gompi.wireup")
+		cancel()
+		if err != nil {
+			in.close(err)
+			closeClient(client)
+			return nil, err
+		}
+	}
 	if err := in.connect(); err != nil {
 		in.close(err)
 		closeClient(client)
@@ -128,14 +170,14 @@ func Init(opts ...Option) (*Comm, error) {
 	for p := 0; p < size; p++ {
 		logf("rank %d via %s", p, in.engine.PeerTransport(p))
 	}
-	if client != nil {
-		go watchFailures(in, client)
+	if sc, ok := client.(*store.Client); ok {
+		go watchFailures(in, sc)
 	}
 	proc.in, proc.store = in, client
 	return in.world, nil
 }
 
-func closeClient(c *store.Client) {
+func closeClient(c jobControl) {
 	if c != nil {
 		c.Close()
 	}
