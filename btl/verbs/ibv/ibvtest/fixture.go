@@ -71,6 +71,7 @@ func allCases() []testCase {
 	all = append(all, errorCases...)
 	all = append(all, dataCases...)
 	all = append(all, queueCases...)
+	all = append(all, atomicCases...)
 	return all
 }
 

@@ -683,7 +683,8 @@ func (q *cq) Poll(wc []ibv.WC) (int, error) {
 		want := min(len(wc)-got, pollBatch)
 		k := int(C.gompi_poll_cq(q.cq, C.int(want), q.raw, q.out))
 		if k < 0 {
-			return got, errnoErr("rdmacore: ibv_poll_cq", syscall.Errno(-k))
+			// ibv_poll_cq reports a failure without an errno.
+			return got, fmt.Errorf("rdmacore: ibv_poll_cq failed (%d) after %d completions", k, got)
 		}
 		for i := range k {
 			o := &out[i]
