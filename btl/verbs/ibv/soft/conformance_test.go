@@ -36,8 +36,6 @@ func TestConformanceLossy(t *testing.T) {
 		t.Skip("the lossy run of the conformance suite is skipped under -short")
 	}
 	f := fixture(soft.Config{Drop: 0.02, Dup: 0.02, Reorder: 0.02, Corrupt: 0.01, Seed: 1})
-	// Retry exhaustion and the CQ overrun count on timing that lost
-	// packets stretch; both run in the lossless suite.
 	f.Skip = map[string]string{"ReadOneGiB": "covered by the lossless run; 1 GiB through 2% loss takes minutes"}
 	ibvtest.Run(t, f)
 }
