@@ -14,6 +14,8 @@ var errorCases = []testCase{
 	{name: "RNRRetryExhausted", pair: true, run: caseRNRRetryExhausted},
 	{name: "RetryExhausted", pair: true, run: caseRetryExhausted},
 	{name: "RecvTooSmall", pair: true, run: caseRecvTooSmall},
+	{name: "WriteWithImmNeedsRecv", pair: true, run: caseWriteWithImmNeedsRecv},
+	{name: "WriteWithImmAccessError", pair: true, run: caseWriteWithImmAccessError},
 }
 
 // caseErrorFlushesOutstanding: an error completion moves the QP to ERR
@@ -155,4 +157,41 @@ func caseRecvTooSmall(t *testing.T, e *env) {
 	e.state(a.qp, ibv.QPSErr, "requester")
 	e.awaitState(b.qp, ibv.QPSErr, "responder")
 	e.sameBytes(dst.Buf()[16:], make([]byte, 48), "memory past the receive's SGE")
+}
+
+// caseWriteWithImmNeedsRecv: WRITE_WITH_IMM consumes a receive like a
+// SEND: with none posted and rnr_retry 0 it fails with WCRNRRetryExcErr
+// and writes nothing.
+func caseWriteWithImmNeedsRecv(t *testing.T, e *env) {
+	a := e.newSide("a", 0, sideOpts{})
+	b := e.newSide("b", 1, sideOpts{})
+	oa := DefaultConnOpts()
+	oa.RNRRetry = 0
+	e.connect(a, b, oa, DefaultConnOpts())
+	src := e.mr(a.pd, pattern(64, 14), allAccess)
+	dst := e.buf(b.pd, 64)
+	e.postSend(a, ibv.SendWR{ID: 1, Opcode: ibv.WRRDMAWriteWithImm, Flags: ibv.FlagSignaled, Imm: 3,
+		SGList: []ibv.SGEntry{ibv.SGE(src, 0, 64)}, RemoteAddr: dst.Addr(), RKey: dst.RKey()})
+	e.status(e.wc(a.scq), 1, ibv.WCRNRRetryExcErr, "WRITE_WITH_IMM with no receive posted and rnr_retry 0")
+	e.state(a.qp, ibv.QPSErr, "requester after RNR retry exhaustion")
+}
+
+// caseWriteWithImmAccessError: a WRITE_WITH_IMM refused by the responder
+// (an MR without REMOTE_WRITE) fails at the requester with
+// WCRemAccessErr; the responder's receive does not complete successfully
+// and its QP ends in ERR.
+func caseWriteWithImmAccessError(t *testing.T, e *env) {
+	a, b := e.pair(sideOpts{})
+	src := e.mr(a.pd, pattern(64, 15), allAccess)
+	dst := e.mr(b.pd, make([]byte, 64), ibv.AccessLocalWrite|ibv.AccessRemoteRead)
+	e.postRecv(b, ibv.RecvWR{ID: 9})
+	e.postSend(a, ibv.SendWR{ID: 1, Opcode: ibv.WRRDMAWriteWithImm, Flags: ibv.FlagSignaled, Imm: 3,
+		SGList: []ibv.SGEntry{ibv.SGE(src, 0, 64)}, RemoteAddr: dst.Addr(), RKey: dst.RKey()})
+	e.remoteErr(a, e.wc(a.scq), 1, "WRITE_WITH_IMM into an MR without REMOTE_WRITE")
+	r := e.wc(b.rcq)
+	if r.ID != 9 || r.Status == ibv.WCSuccess {
+		t.Fatalf("responder's receive after a refused WRITE_WITH_IMM: %s, want ID 9 with an error status", fmtWC(r))
+	}
+	e.awaitState(b.qp, ibv.QPSErr, "responder after a refused WRITE_WITH_IMM")
+	e.sameBytes(dst.Buf(), make([]byte, 64), "the MR without REMOTE_WRITE")
 }
