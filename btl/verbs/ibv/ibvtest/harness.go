@@ -219,10 +219,17 @@ func fmtWC(wc ibv.WC) string {
 		wc.ID, wc.Status, wc.Opcode, wc.ByteLen, wc.Imm, wc.Flags, wc.QPNum)
 }
 
+// fmtWCs prints up to the first 4 and the last 4 completions of a list.
 func fmtWCs(wcs []ibv.WC) string {
 	var b bytes.Buffer
-	b.WriteString("[")
+	fmt.Fprintf(&b, "%d: [", len(wcs))
 	for i, wc := range wcs {
+		if len(wcs) > 8 && i == 4 {
+			fmt.Fprintf(&b, " ... ")
+		}
+		if len(wcs) > 8 && i >= 4 && i < len(wcs)-4 {
+			continue
+		}
 		if i > 0 {
 			b.WriteString(" ")
 		}
