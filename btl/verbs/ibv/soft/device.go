@@ -99,14 +99,19 @@ type device struct {
 	done chan struct{}
 	wg   sync.WaitGroup
 
-	faults   bool
-	rng      *rand.Rand // fault injection; owned by the receive goroutine
-	held     []byte     // a packet held back for reordering (receive goroutine)
-	heldN    int
-	heldFrom netip.AddrPort
-	holding  bool
-	dirty    []*qp // QPs touched in this receive batch (receive goroutine)
-	rxEpoch  uint64
+	// rxMu serialises packet processing (the receive goroutine and
+	// helping pollers); the fields below it belong to its holder.
+	rxMu      sync.Mutex
+	lastEmpty atomic.Int64 // mono() of the last look that found the socket empty
+	rs        *rxState
+	faults    bool
+	rng       *rand.Rand // fault injection
+	held      []byte     // a packet held back for reordering
+	heldN     int
+	heldFrom  netip.AddrPort
+	holding   bool
+	dirty     []*qp // QPs touched in this receive batch
+	rxEpoch   uint64
 }
 
 var addrCounter atomic.Uint32
@@ -167,6 +172,12 @@ func newDevice(cfg Config) (*device, error) {
 	}
 	d.rng = rand.New(rand.NewPCG(uint64(seed), 0x9e3779b97f4a7c15))
 	d.faults = cfg.Drop > 0 || cfg.Dup > 0 || cfg.Reorder > 0 || cfg.Corrupt > 0
+	bufSize, nbuf := 16384, rxBatch
+	if d.sock.gro {
+		bufSize, nbuf = 65536, 16
+	}
+	d.rs = newRxState(nbuf, bufSize)
+	d.held = make([]byte, bufSize)
 	d.wg.Add(2)
 	go d.rxLoop()
 	go d.txWorker()
@@ -176,9 +187,8 @@ func newDevice(cfg Config) (*device, error) {
 // close stops the goroutines and releases the socket.
 func (d *device) close() {
 	close(d.done)
-	d.sock.shutdown()
-	d.wg.Wait()
 	d.sock.close()
+	d.wg.Wait()
 }
 
 func (d *device) lookupQP(qpn uint32) *qp { return (*d.qps.Load())[qpn] }
@@ -311,37 +321,45 @@ func (d *device) txWorker() {
 	}
 }
 
+// pollGap is the least time between two looks at an empty socket by
+// pollers (progress).
+const pollGap = 2000 // ns
+
+var epoch = time.Now()
+
+// mono is a monotonic clock in nanoseconds.
+func mono() int64 { return int64(time.Since(epoch)) }
+
 // rxBatch is how many datagrams one recvmmsg takes.
 const rxBatch = 32
 
+// rxLoop waits for the socket to be readable and processes what arrived.
+// Pollers of an empty CQ do the same work (progress), so that a user
+// spinning on Poll with every P busy does not wait for this goroutine to
+// be scheduled.
 func (d *device) rxLoop() {
 	defer d.wg.Done()
-	bufSize := 16384
-	n := rxBatch
-	if d.sock.gro {
-		bufSize, n = 65536, 16
-	}
-	rs := newRxState(n, bufSize)
-	d.held = make([]byte, bufSize)
-	for {
-		wait := !d.holding
-		n, err := d.sock.recv(rs, wait)
-		if d.sock.closed.Load() {
-			return
-		}
+	d.sock.readLoop(func() bool {
+		d.rxMu.Lock()
+		got := d.drain(8)
+		d.rxMu.Unlock()
+		return got
+	})
+}
+
+// drain receives and processes up to max batches of datagrams without
+// blocking and reports whether any arrived. Called with rxMu held.
+func (d *device) drain(max int) bool {
+	got := false
+	for range max {
+		n, err := d.sock.recv(d.rs, false)
 		if err != nil || n == 0 {
-			if d.holding && !wait {
-				d.releaseHeld()
-				d.flushDirty()
-			}
-			if err != nil && !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EINTR) {
-				// An unexpected error (ENOMEM and the like): do not spin.
-				time.Sleep(time.Millisecond)
-			}
-			continue
+			break
 		}
+		got = true
+		more := n == len(d.rs.msgs) // a short batch emptied the socket
 		for i := 0; i < n; i++ {
-			data, seg, from, ok := rs.datagram(i)
+			data, seg, from, ok := d.rs.datagram(i)
 			if !ok {
 				d.ctr.bad.Add(1)
 				continue
@@ -354,6 +372,42 @@ func (d *device) rxLoop() {
 			}
 		}
 		d.flushDirty()
+		if !more {
+			break
+		}
+	}
+	if d.holding {
+		d.releaseHeld()
+		d.flushDirty()
+	}
+	return got
+}
+
+// progress is the help of a poller that found its CQ empty: one pass over
+// the socket (if no one else is receiving) and one QP of the transmit
+// worker's list.
+func (d *device) progress() {
+	// A pass that finds the socket empty costs a system call; pollers
+	// spinning on empty CQs take one such look per pollGap between them.
+	now := mono()
+	if now-d.lastEmpty.Load() >= pollGap && d.rxMu.TryLock() {
+		if !d.drain(1) {
+			d.lastEmpty.Store(now)
+		}
+		d.rxMu.Unlock()
+	}
+	d.workMu.Lock()
+	var q *qp
+	if len(d.work) > 0 {
+		q = d.work[0]
+		copy(d.work, d.work[1:])
+		d.work[len(d.work)-1] = nil
+		d.work = d.work[:len(d.work)-1]
+		q.queued = false
+	}
+	d.workMu.Unlock()
+	if q != nil {
+		q.pump(txBatchPkts)
 	}
 }
 
@@ -399,14 +453,18 @@ func (d *device) releaseHeld() {
 
 // input decodes and checks one packet and hands it to its QP.
 func (d *device) input(pkt []byte, from netip.AddrPort) {
+	f := flow{src: from.Addr(), dst: d.addr, sport: from.Port(), dport: d.port}
+	if err := checkICRC(&f, pkt); err != nil {
+		if err == errICRC {
+			d.ctr.icrc.Add(1)
+		} else {
+			d.ctr.bad.Add(1)
+		}
+		return
+	}
 	p, _, err := decodePacket(pkt)
 	if err != nil {
 		d.ctr.bad.Add(1)
-		return
-	}
-	f := flow{src: from.Addr(), dst: d.addr, sport: from.Port(), dport: d.port}
-	if checkICRC(&f, pkt) != nil {
-		d.ctr.icrc.Add(1)
 		return
 	}
 	if p.bth.pkey != defaultPKey {

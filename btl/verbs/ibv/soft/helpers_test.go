@@ -21,6 +21,15 @@ type end struct {
 	qp  ibv.QP
 	mr  ibv.MR
 	buf []byte
+	ch  ibv.CompChannel
+	swc []ibv.WC
+}
+
+func (e *end) sendWC() []ibv.WC {
+	if e.swc == nil {
+		e.swc = make([]ibv.WC, 16)
+	}
+	return e.swc
 }
 
 type pairOpts struct {
@@ -86,6 +95,9 @@ func (e *end) close() {
 	_ = e.scq.Destroy()
 	_ = e.rcq.Destroy()
 	_ = e.pd.Dealloc()
+	if e.ch != nil {
+		require.NoError(e.t, e.ch.Close())
+	}
 	require.NoError(e.t, e.ctx.Close())
 }
 

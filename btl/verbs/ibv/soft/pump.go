@@ -45,9 +45,9 @@ func (q *qp) pump(budget int) {
 		}
 		budget -= len(q.tx.pkts)
 		q.mu.Lock()
-		if !more {
-			break
-		}
+		// Build again even when the batch was not full: while the lock
+		// was released, others may have made packets due and left them
+		// to this pumper.
 	}
 	q.pumping = false
 	q.mu.Unlock()

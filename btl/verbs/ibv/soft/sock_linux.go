@@ -4,8 +4,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"os"
 	"runtime"
 	"sync/atomic"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -19,6 +21,8 @@ import (
 // both are probed once at open and switched off on the first failure.
 type sock struct {
 	fd     int
+	file   *os.File
+	rc     syscall.RawConn
 	local  netip.AddrPort
 	gso    atomic.Bool
 	gro    bool
@@ -37,7 +41,7 @@ func openSock(addr netip.Addr, port int, bufBytes int) (*sock, error) {
 	if !addr.Is4() {
 		fam = unix.AF_INET6
 	}
-	fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.IPPROTO_UDP)
 	if err != nil {
 		return nil, fmt.Errorf("socket: %w", err)
 	}
@@ -67,27 +71,44 @@ func openSock(addr netip.Addr, port int, bufBytes int) (*sock, error) {
 	} else {
 		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
 	}
-	// A receive timeout bounds how long the receive goroutine takes to
-	// notice Close if the shutdown wake-up were lost.
-	tv := unix.Timeval{Usec: 200000}
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	if unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_SEGMENT, 0) == nil {
 		s.gso.Store(true)
 	}
 	if unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil {
 		s.gro = true
 	}
+	// The descriptor is non-blocking; Go's poller wakes the receive
+	// goroutine (os.NewFile registers it).
+	s.file = os.NewFile(uintptr(fd), "soft-udp")
+	if s.rc, err = s.file.SyscallConn(); err != nil {
+		s.file.Close()
+		return nil, err
+	}
 	return s, nil
 }
 
-// shutdown wakes the receive goroutine; close releases the descriptor
-// once that goroutine has returned.
-func (s *sock) shutdown() {
-	s.closed.Store(true)
-	_ = unix.Shutdown(s.fd, unix.SHUT_RDWR)
+// readLoop calls fn each time the socket may have datagrams, until the
+// socket is closed; fn reports whether it found any (false: wait).
+func (s *sock) readLoop(fn func() bool) {
+	for !s.closed.Load() {
+		if err := s.rc.Read(func(uintptr) bool { return fn() || s.closed.Load() }); err != nil {
+			return
+		}
+	}
 }
 
-func (s *sock) close() { unix.Close(s.fd) }
+// close stops readLoop and releases the descriptor. The caller makes sure
+// no one sends or receives on it any more.
+func (s *sock) close() {
+	s.closed.Store(true)
+	s.file.Close()
+}
+
+// waitWritable waits up to a millisecond for send buffer space.
+func (s *sock) waitWritable() {
+	fds := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLOUT}}
+	_, _ = unix.Poll(fds, 1)
+}
 
 // txState is a sender's reusable system-call scratch space.
 type txState struct {
@@ -197,6 +218,7 @@ func (s *sock) send(ts *txState, b *txBatch) (int, error) {
 		}
 		// Send the messages; sendmmsg may take fewer than offered.
 		done := 0
+		waited := false
 		for done < len(ts.msgs) {
 			r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(s.fd),
 				uintptr(unsafe.Pointer(&ts.msgs[done])), uintptr(len(ts.msgs)-done), 0, 0, 0)
@@ -211,7 +233,13 @@ func (s *sock) send(ts *txState, b *txBatch) (int, error) {
 					gso = false
 					break
 				}
+				if e == unix.EAGAIN && !waited {
+					waited = true
+					s.waitWritable()
+					continue
+				}
 				// Skip the message that failed; the transport retransmits.
+				waited = false
 				sent += spans[done].n
 				done++
 				if e == unix.EAGAIN || e == unix.ENOBUFS {
@@ -224,6 +252,7 @@ func (s *sock) send(ts *txState, b *txBatch) (int, error) {
 				sent += spans[m].n
 			}
 			done += int(r)
+			waited = false
 		}
 	}
 	runtime.KeepAlive(b)
