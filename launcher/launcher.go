@@ -103,7 +103,22 @@ type Config struct {
 	// process group). One that arrives while the program is being built
 	// cancels the build instead. cmd/gorun sends SIGINT and SIGTERM here.
 	Signals <-chan os.Signal
+
+	// Launch is how the ranks start: LaunchLocal (or "") as children of
+	// this process, LaunchSlurm as the tasks of one srun inside the
+	// current Slurm allocation (see RunSlurmRank).
+	Launch string
+	// Self is the gorun executable srun starts on each node (it sets the
+	// rank's variables and runs PROGRAM: RunSlurmRank); empty means this
+	// process's executable.
+	Self string
 }
+
+// Launch modes.
+const (
+	LaunchLocal = "local"
+	LaunchSlurm = "slurm"
+)
 
 // JobError is the error Run returns when the job ran but did not succeed.
 // Run has already printed Reason on Stderr when it returns one.
@@ -223,12 +238,22 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 		out.printf("job %x: %d ranks of %s, store at %s", jobID, cfg.NP, prog.path, srv.Addr())
 	}
 
-	j := &job{cfg: cfg, out: out, srv: srv, exits: make(chan int, cfg.NP)}
-	for r := range cfg.NP {
-		if err := j.start(r, prog.path, env); err != nil {
-			j.abandon()
-			return ExitFailure, fmt.Errorf("start rank %d: %w", r, err)
+	j := &job{cfg: cfg, out: out, srv: srv, exits: make(chan int, cfg.NP), lost: -1}
+	switch cfg.Launch {
+	case "", LaunchLocal:
+		for r := range cfg.NP {
+			if err := j.start(r, prog.path, env); err != nil {
+				j.abandon()
+				return ExitFailure, fmt.Errorf("start rank %d: %w", r, err)
+			}
 		}
+	case LaunchSlurm:
+		if err := j.startSrun(prog.path, env); err != nil {
+			j.abandon()
+			return ExitFailure, fmt.Errorf("start srun: %w", err)
+		}
+	default:
+		return ExitFailure, argErrorf("unknown launch mode %q", cfg.Launch)
 	}
 	return j.loop(ctx)
 }
@@ -301,10 +326,13 @@ func baseEnv(environ, extra []string) []string {
 	return append(env, extra...)
 }
 
-// rank is one running rank. Only the job loop touches it.
+// rank is one process gorun started: a rank, or a launcher of several
+// ranks (srun). Only the job loop touches it.
 type rank struct {
 	cmd     *exec.Cmd
 	pid     int
+	covers  []int  // the job ranks it runs
+	name    string // "srun" for a launcher of ranks, else ""
 	exited  bool
 	outputs chan struct{} // receives once per forwarder that finished
 }
@@ -318,6 +346,7 @@ type job struct {
 	exits chan int // rank numbers whose process has exited (not yet reaped)
 	alive int
 
+	lost    int              // the first rank whose store connection ended before Finalize, or -1
 	pipes   []*os.File       // read ends of the ranks' output pipes
 	failure *JobError        // the first failure, abort, timeout or cancellation
 	stage   stopStage        // how far stopping has gone
@@ -336,13 +365,25 @@ const (
 
 // start starts rank r and the goroutines that forward its output and report
 // its exit.
-func (j *job) start(r int, path string, env []string) (err error) {
+func (j *job) start(r int, path string, env []string) error {
 	cmd := exec.Command(path, j.cfg.Args...)
 	cmd.Env = append(env[:len(env):len(env)],
 		EnvRank+"="+strconv.Itoa(r),
 		EnvLocalRank+"="+strconv.Itoa(r),
 	)
+	return j.startProc(cmd, []int{r}, "", r == 0)
+}
+
+// startProc starts cmd, which runs the job ranks covers (named name when
+// it is a launcher of ranks), and the goroutines that forward its output
+// and report its exit. withStdin gives it the job's standard input.
+func (j *job) startProc(cmd *exec.Cmd, covers []int, name string, withStdin bool) (err error) {
 	cmd.SysProcAttr = rankProcAttr()
+	r := covers[0]
+	tagRank := r
+	if name != "" {
+		tagRank = -1 // lines carry their rank as "N: " (srun --label)
+	}
 
 	// parent: our ends, kept on success; child: the rank's ends, closed in
 	// gorun once the rank has its copies.
@@ -370,7 +411,7 @@ func (j *job) start(r int, path string, env []string) (err error) {
 	cmd.Stdout, cmd.Stderr = outW, errW
 
 	var stdinW *os.File
-	if r == 0 && j.cfg.Stdin != nil {
+	if withStdin && j.cfg.Stdin != nil {
 		if f, ok := j.cfg.Stdin.(*os.File); ok && !isCharDevice(f) {
 			cmd.Stdin = f // a pipe or a file: the rank reads it directly
 		} else {
@@ -388,7 +429,8 @@ func (j *job) start(r int, path string, env []string) (err error) {
 		return err
 	}
 
-	rk := &rank{cmd: cmd, pid: cmd.Process.Pid, outputs: make(chan struct{}, 2)}
+	rk := &rank{cmd: cmd, pid: cmd.Process.Pid, covers: covers, name: name, outputs: make(chan struct{}, 2)}
+	i := len(j.ranks)
 	j.ranks = append(j.ranks, rk)
 	j.alive++
 	j.pipes = append(j.pipes, outR, errR)
@@ -398,19 +440,39 @@ func (j *job) start(r int, path string, env []string) (err error) {
 			stdinW.Close()
 		}()
 	}
-	go func() { j.out.forward(outR, false, r); rk.outputs <- struct{}{} }()
-	go func() { j.out.forward(errR, true, r); rk.outputs <- struct{}{} }()
+	go func() { j.out.forward(outR, false, tagRank); rk.outputs <- struct{}{} }()
+	go func() { j.out.forward(errR, true, tagRank); rk.outputs <- struct{}{} }()
 	go func() {
 		if err := waitExited(rk.pid); err != nil {
 			// Not expected for our own child; the loop's Wait reaps it anyway.
-			j.out.printf("rank %d (pid %d): waitid: %v", r, rk.pid, err)
+			j.out.printf("%s (pid %d): waitid: %v", rk.what(), rk.pid, err)
 		}
-		j.exits <- r
+		j.exits <- i
 	}()
 	if j.cfg.Verbose {
-		j.out.printf("rank %d: pid %d", r, rk.pid)
+		j.out.printf("%s: pid %d", rk.what(), rk.pid)
 	}
 	return nil
+}
+
+// what names the process in messages: "rank 3", or "srun (ranks 0-3)".
+func (rk *rank) what() string {
+	if rk.name == "" {
+		return "rank " + strconv.Itoa(rk.covers[0])
+	}
+	return fmt.Sprintf("%s (ranks %d-%d)", rk.name, rk.covers[0], rk.covers[len(rk.covers)-1])
+}
+
+// pidOf returns the pid of the process that runs job rank r.
+func (j *job) pidOf(r int) int {
+	for _, rk := range j.ranks {
+		for _, c := range rk.covers {
+			if c == r {
+				return rk.pid
+			}
+		}
+	}
+	return 0
 }
 
 func isCharDevice(f *os.File) bool {
@@ -430,8 +492,8 @@ func (j *job) loop(ctx context.Context) (int, error) {
 	done := ctx.Done()
 	for j.alive > 0 {
 		select {
-		case r := <-j.exits:
-			j.reap(r)
+		case i := <-j.exits:
+			j.reap(i)
 		case ev, ok := <-events:
 			if !ok {
 				events = nil
@@ -457,9 +519,10 @@ func (j *job) loop(ctx context.Context) (int, error) {
 	return 0, nil
 }
 
-// reap collects rank r, whose process has exited, and judges how it ended.
-func (j *job) reap(r int) {
-	rk := j.ranks[r]
+// reap collects process i, which has exited, and judges how it ended.
+func (j *job) reap(i int) {
+	rk := j.ranks[i]
+	r := rk.covers[0]
 	signalGroup(rk.pid, syscall.SIGKILL) // whatever the rank left in its group
 	rk.cmd.Wait()                        // reaps; the status is in ProcessState
 	rk.exited = true
@@ -470,7 +533,6 @@ func (j *job) reap(r int) {
 	if ev, ok := j.srv.AbortRequest(); ok && j.failure == nil {
 		j.abort(ev)
 	}
-	st := j.srv.State(r)
 	ws, _ := rk.cmd.ProcessState.Sys().(syscall.WaitStatus)
 	var reason string
 	var code int
@@ -480,7 +542,38 @@ func (j *job) reap(r int) {
 		reason, code = fmt.Sprintf("killed by signal %d (%v)", int(sig), sig), 128+int(sig)
 	case ws.ExitStatus() != 0:
 		reason, code = fmt.Sprintf("exited with status %d", ws.ExitStatus()), ws.ExitStatus()
-	case st.Connected && !st.Finalized:
+	}
+	if rk.name != "" {
+		// A launcher of ranks: blame the first rank whose store
+		// connection ended before Finalize, else the first that did not
+		// finalize, in the launcher's words.
+		if reason != "" {
+			reason = rk.name + " " + reason
+		}
+		r = j.lost
+		for _, c := range rk.covers {
+			if st := j.srv.State(c); !st.Finalized {
+				if r < 0 {
+					r = c
+				}
+				if reason == "" && st.Connected {
+					r, reason, code = c, "exited without calling Finalize", ExitFailure
+				}
+			}
+		}
+		if reason != "" && r < 0 {
+			r = rk.covers[0]
+		}
+		if reason == "" {
+			if j.cfg.Verbose {
+				j.out.printf("%s (pid %d) exited with status 0", rk.what(), rk.pid)
+			}
+			return
+		}
+		for _, c := range rk.covers {
+			j.srv.NotifyFailure(c, reason)
+		}
+	} else if st := j.srv.State(r); reason == "" && st.Connected && !st.Finalized {
 		reason, code = "exited without calling Finalize", ExitFailure
 	}
 	if reason == "" {
@@ -489,7 +582,9 @@ func (j *job) reap(r int) {
 		}
 		return
 	}
-	j.srv.NotifyFailure(r, reason)
+	if rk.name == "" {
+		j.srv.NotifyFailure(r, reason)
+	}
 	if j.failure != nil {
 		if j.cfg.Verbose {
 			j.out.printf("rank %d (pid %d) %s", r, rk.pid, reason)
@@ -510,6 +605,13 @@ func (j *job) event(ev store.Event) {
 		if j.failure == nil {
 			j.abort(ev)
 		}
+	case store.Lost:
+		if j.lost < 0 {
+			j.lost = ev.Rank
+		}
+		if j.cfg.Verbose {
+			j.out.printf("rank %d lost its store connection before Finalize", ev.Rank)
+		}
 	default:
 		if j.cfg.Verbose {
 			j.out.printf("rank %d %v", ev.Rank, ev.Kind)
@@ -527,7 +629,7 @@ func (j *job) abort(ev store.Event) {
 	if code < 0 || code > 255 { // an exit status cannot carry it
 		code = ExitFailure
 	}
-	j.failure = &JobError{Rank: ev.Rank, PID: j.ranks[ev.Rank].pid, Reason: reason, Code: code}
+	j.failure = &JobError{Rank: ev.Rank, PID: j.pidOf(ev.Rank), Reason: reason, Code: code}
 	j.out.printf("%v", j.failure)
 	j.terminate()
 }
@@ -590,9 +692,9 @@ func (j *job) signalAll(sig syscall.Signal) {
 func (j *job) abandon() {
 	j.signalAll(syscall.SIGKILL)
 	for j.alive > 0 {
-		r := <-j.exits
-		j.ranks[r].cmd.Wait()
-		j.ranks[r].exited = true
+		i := <-j.exits
+		j.ranks[i].cmd.Wait()
+		j.ranks[i].exited = true
 		j.alive--
 	}
 	j.drainOutput()

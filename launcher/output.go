@@ -63,8 +63,11 @@ func (o *output) forward(r io.Reader, toStderr bool, rank int) {
 		w = o.stderr
 	}
 	var prefix []byte
-	if o.tag {
+	relabel := false
+	if o.tag && rank >= 0 {
 		prefix = []byte("[" + strconv.Itoa(rank) + "] ")
+	} else if o.tag {
+		relabel = true // a launcher's lines: "N: text" becomes "[N] text"
 	}
 	br := bufio.NewReaderSize(r, 64<<10)
 	var line []byte // the current line, prefix included
@@ -75,6 +78,9 @@ func (o *output) forward(r io.Reader, toStderr bool, rank int) {
 		}
 		if addNewline {
 			line = append(line, '\n')
+		}
+		if relabel {
+			line = relabelLine(line)
 		}
 		o.mu.Lock()
 		w.Write(line)
@@ -113,4 +119,25 @@ func (o *output) forward(r io.Reader, toStderr bool, rank int) {
 		}
 		return
 	}
+}
+
+// relabelLine rewrites a line that srun --label wrote, " 3: text", as
+// gorun tags lines, "[3] text"; other lines are returned as they are.
+func relabelLine(line []byte) []byte {
+	i := 0
+	for i < len(line) && line[i] == ' ' {
+		i++
+	}
+	d := i
+	for i < len(line) && line[i] >= '0' && line[i] <= '9' {
+		i++
+	}
+	if i == d || i+1 >= len(line) || line[i] != ':' || line[i+1] != ' ' {
+		return line
+	}
+	out := make([]byte, 0, len(line)+1)
+	out = append(out, '[')
+	out = append(out, line[d:i]...)
+	out = append(out, "] "...)
+	return append(out, line[i+2:]...)
 }

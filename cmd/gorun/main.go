@@ -33,6 +33,12 @@ import (
 const exitUsage = 2
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == launcher.SlurmRankFlag {
+		// One rank of a job that gorun started with srun.
+		err := launcher.RunSlurmRank(os.Args[2:])
+		fmt.Fprintf(os.Stderr, "gorun: %v\n", err)
+		os.Exit(launcher.ExitFailure)
+	}
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
@@ -81,6 +87,8 @@ package path (built first). Flags after PROGRAM belong to the program.
       --stats                 ranks report statistics (GOMPI_STATS=1)
       --verbose               print launch progress (GOMPI_VERBOSE=1)
       --oversubscribe         allow more ranks than CPUs without a notice
+      --launcher MODE         how ranks start: local, slurm (one srun step), or auto
+                              (default: slurm inside a Slurm allocation, else local)
       --grace DURATION        time between failure notice, SIGTERM and SIGKILL (default 2s)
       --pgo PROFILE           profile a Go PROGRAM is built with (go build -pgo): a file,
                               auto (its own default.pgo) or off; default: gompi's
@@ -157,6 +165,7 @@ func newFlagSet(params *paramList) *pflag.FlagSet {
 	fs.Bool("verbose", false, "launch progress")
 	fs.Bool("oversubscribe", false, "allow more ranks than CPUs")
 	fs.Duration("grace", launcher.DefaultGrace, "stop step interval")
+	fs.String("launcher", "auto", "local, slurm or auto")
 	fs.String("pgo", "", "profile for go build -pgo")
 	fs.BoolP("help", "h", false, "help")
 	return fs
@@ -199,6 +208,17 @@ func parseArgs(args []string, lookupEnv func(string) (string, bool)) (cfg launch
 	}
 	if cfg.Grace, _ = fs.GetDuration("grace"); cfg.Grace <= 0 {
 		return cfg, false, fmt.Errorf("--grace %v: must be positive", cfg.Grace)
+	}
+	switch l, _ := fs.GetString("launcher"); l {
+	case "auto":
+		cfg.Launch = launcher.LaunchLocal
+		if launcher.InSlurmAllocation(func(k string) string { v, _ := lookupEnv(k); return v }) {
+			cfg.Launch = launcher.LaunchSlurm
+		}
+	case launcher.LaunchLocal, launcher.LaunchSlurm:
+		cfg.Launch = l
+	default:
+		return cfg, false, fmt.Errorf("--launcher %q: want local, slurm or auto", l)
 	}
 	xs, _ := fs.GetStringArray("x")
 	for _, x := range xs {

@@ -32,6 +32,10 @@ const (
 	Finalized
 	// Aborted: the rank called Client.Abort; Code and Msg are its arguments.
 	Aborted
+	// Lost: the rank's connection ended before it called Finalize (it
+	// exited, crashed or was killed). A launcher that cannot see the rank's
+	// process (srun runs it) learns of its end this way.
+	Lost
 )
 
 // String returns the kind in lower case ("connected", ...).
@@ -43,6 +47,8 @@ func (k EventKind) String() string {
 		return "finalized"
 	case Aborted:
 		return "aborted"
+	case Lost:
+		return "lost"
 	}
 	return fmt.Sprintf("EventKind(%d)", uint8(k))
 }
@@ -334,7 +340,11 @@ func (s *Server) serve(conn net.Conn) {
 	}
 	s.mu.Lock()
 	s.dropLocked(c)
+	lost := !s.state[rank].Finalized && !s.closed
 	s.mu.Unlock()
+	if lost {
+		s.events.put(Event{Kind: Lost, Rank: rank})
+	}
 }
 
 // dropLocked forgets a connection and every request it left pending.
