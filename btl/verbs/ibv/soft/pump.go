@@ -210,8 +210,11 @@ func (q *qp) buildRequest() bool {
 		}
 	}
 	rd := isRd(w.op)
-	if rd && q.rdOut >= int(q.attr.MaxRdAtomic) {
+	if rd && q.txPkt == 0 && q.rdOut >= int(q.attr.MaxRdAtomic) {
 		return false
+	}
+	if w.op == ibv.WRRDMARead && q.txPkt > w.rdRcvd {
+		return false // the previous part of a long READ is still coming
 	}
 	psn := (w.psn + q.txPkt) & psnMask
 	if int(psnDiff(psn, q.ackPSN)) > q.dev.cfg.Window {
@@ -227,14 +230,29 @@ func (q *qp) buildRequest() bool {
 	k := int(q.txPkt)
 	switch {
 	case w.op == ibv.WRRDMARead:
+		// A READ longer than the window is asked for in parts of a window
+		// each, the next once the previous has arrived: READ responses
+		// have no acknowledgement to pace them, so this bounds what is in
+		// flight towards this requester.
+		// Parts start at multiples of the window; a part asked again from
+		// inside ends where the original did, so that the responder's PSNs
+		// and the requester's stay the same.
 		p.bth.opcode = opReadRequest
 		done := k * q.mtu
-		p.reth = reth{va: w.raddr + uint64(done), rkey: w.rkey, dmaLen: uint32(w.length - done)}
+		win := q.dev.cfg.Window
+		n := min(w.length-done, (k/win+1)*win*q.mtu-done)
+		p.reth = reth{va: w.raddr + uint64(done), rkey: w.rkey, dmaLen: uint32(n)}
 		c, hl := q.startPacket(&p, 0)
 		q.seal(hl, 0, c)
-		q.txIdx++
-		q.txPkt = 0
-		q.rdOut++
+		if k == 0 {
+			q.rdOut++
+		}
+		if next := uint32(k) + readPkts(n, q.mtu); next < w.npkts {
+			q.txPkt = next
+		} else {
+			q.txIdx++
+			q.txPkt = 0
+		}
 	case rd:
 		p.bth.opcode = opFetchAdd
 		p.atomic = atomicETH{va: w.raddr, rkey: w.rkey, swapAdd: w.cmpAdd}

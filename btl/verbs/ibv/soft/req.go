@@ -142,8 +142,8 @@ func (q *qp) goBack(psn uint32) {
 		}
 		q.txIdx, q.txPkt = i, uint32(off)
 		q.rdOut = 0
-		for j := 0; j < i; j++ {
-			if x := q.sqAt(j); isRd(x.op) && !x.done {
+		for j := 0; j <= i && j < q.sqCount; j++ {
+			if x := q.sqAt(j); isRd(x.op) && !x.done && (j < i || q.txPkt > 0) {
 				q.rdOut++
 			}
 		}
@@ -190,7 +190,7 @@ func rnrDelay(code uint8) time.Duration { return time.Duration(rnrTimes[code&31]
 // response takes a READ response or atomic ACK packet.
 func (q *qp) response(p *packet) {
 	var w *sendWQE
-	for i := 0; i < q.sqCount && i < q.txIdx; i++ {
+	for i := 0; i < q.sqCount && (i < q.txIdx || i == q.txIdx && q.txPkt > 0); i++ {
 		if x := q.sqAt(i); isRd(x.op) && !x.done {
 			w = x
 			break
@@ -228,10 +228,14 @@ func (q *qp) response(p *packet) {
 		}
 		w.done = true
 	} else {
+		// A READ asked for in parts, or asked again from packet k, gets
+		// a response per request (FIRST .. LAST) while packets of an
+		// earlier one may still come: they carry the same bytes, so the
+		// position flags are checked only at the ends of the whole READ.
 		k := int(w.rdRcvd)
-		first, last := k == 0, w.rdRcvd == w.npkts-1
+		last := w.rdRcvd == w.npkts-1
 		want := min(q.mtu, w.length-k*q.mtu)
-		if first != (f&fFirst != 0) || last != (f&fLast != 0) || len(p.payload) != want {
+		if (k == 0 && f&fFirst == 0) || (last && f&fLast == 0) || len(p.payload) != want {
 			q.badResponse(exp)
 			return
 		}
