@@ -142,3 +142,60 @@ func TestWouldBlockPeerDies(t *testing.T) {
 		})
 	}
 }
+
+// sleepyPoller is a polled transport with nothing to poll whose Block
+// returns only when woken: a waiter or background poller that slept in
+// it while operations are queued would never retry them.
+type sleepyPoller struct{}
+
+func (sleepyPoller) Progress() int { return 0 }
+func (sleepyPoller) Block(wake <-chan struct{}) {
+	<-wake
+}
+
+// TestWouldBlockRetriedByPollers: an engine with a polled transport and
+// its background poller retries refused operations itself: a blocking
+// rendezvous Send completes while a goroutine only delivers what reaches
+// the fake (and has the receiver retry its own).
+func TestWouldBlockRetriedByPollers(t *testing.T) {
+	g := newRig(t, 2, capsConfig(capsNoImm))
+	g.eng[0].AddPoller(sleepyPoller{})
+	g.eng[0].Start()
+	t.Cleanup(func() { g.eng[0].Close(nil) })
+	g.net.WouldBlock(6)
+	data := pattern(3000, 9)
+	got := make([]byte, 3000)
+	rr, err := g.comm[1].Irecv(pml.Buffer{Bytes: got}, 0, 2)
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	pumped := make(chan struct{})
+	go func() {
+		defer close(pumped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if !g.net.Step() && g.eng[1].Progress() == 0 {
+				time.Sleep(10 * time.Microsecond)
+			}
+		}
+	}()
+	res := make(chan error, 1)
+	go func() { res <- g.comm[0].Send(pml.Buffer{Bytes: data}, 1, 2, pml.Standard) }()
+	select {
+	case err := <-res:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("blocking Send never completed")
+	}
+	require.NoError(t, g.eng[1].Wait(nil, rr))
+	close(stop)
+	<-pumped
+	st, err := rr.Result()
+	require.NoError(t, err)
+	require.Equal(t, 3000, st.Count)
+	require.Equal(t, data, got)
+	require.Zero(t, g.eng[0].Queued())
+}
