@@ -191,8 +191,7 @@ func (b *txBox) putInline(tag uint8, h *header, data []byte) error {
 	// receive free list, which made the receiver fast enough to spin on
 	// that line while the sender wrote it (rate 512 B 2.68 -> 2.03 M/s),
 	// both together gave 512 B latency 0.517 -> 0.447 us and rate 2.73 ->
-	// 2.81 M/s (docs/PERFORMANCE.md, "Fifth session", item 8). The ring
-	// starts on a line.
+	// 2.81 M/s (bench/ab.sh). The ring starts on a line.
 	cut := (phys | (line - 1)) + 1
 	if k := cut - p; p+n > cut && k >= hn {
 		copy(b.ring[cut:], data[k-hn:])

@@ -14,8 +14,8 @@ import (
 // at once: the reader takes chunks with process_vm_readv, and the owner of
 // the memory, asked through a help slot in its own segment, takes chunks
 // with process_vm_writev from its memory into the reader's buffer. On this
-// project's 2-core machine two such copies move 1.6-1.7x the bytes of one
-// (docs/PERFORMANCE.md, "Fourth session"). Neither side waits for the
+// project's 2-core machine two such copies move 1.6-1.7x the bytes of one.
+// Neither side waits for the
 // other to start: a helper that is busy elsewhere (computing, asleep)
 // simply takes no chunk and the reader copies them all; the reader only
 // waits, at the end, for chunks the helper has begun.

@@ -13,8 +13,8 @@ import (
 // process_vm_writev pin the other process's pages one by one before they
 // copy; of a 4 MiB range in ordinary 4 KiB pages that is half the time of
 // the copy on this project's machine (a C loop of process_vm_readv: 12.6
-// GB/s from such a range, 24-27 GB/s from one in transparent huge pages;
-// docs/PERFORMANCE.md, "Tenth session"). A Go heap, like a C one, gets
+// GB/s from such a range, 24-27 GB/s from one in transparent huge pages).
+// A Go heap, like a C one, gets
 // huge pages only when asked (the kernel's default "madvise" mode).
 //
 // So sm counts the registrations of each 2 MiB-aligned region that

@@ -97,8 +97,7 @@ func (m *Module) progress() int {
 	// The FIFO (peers without a fast box to us yet) is looked at when the
 	// boxes had nothing, and on every 8th call regardless: a call that
 	// just delivered from a box returns sooner to the waiter it may have
-	// completed (sm 8 B ping-pong 0.320 -> 0.312 us; docs/PERFORMANCE.md,
-	// "Third session", item 5, gives the command).
+	// completed (sm 8 B ping-pong 0.320 -> 0.312 us, bench/ab.sh).
 	if n == 0 || c&7 == 0 {
 		n += m.pollFifo()
 	}
@@ -191,15 +190,13 @@ func (m *Module) pollBox(b *rxBox, budget int) int {
 			// dirtied when it zeroed that header: reading it now is a
 			// transfer between cores before this call can return to the
 			// waiter it may just have completed. The next call reads it
-			// (sm 8 B ping-pong 0.310 -> 0.281 us, rate unchanged; the
-			// command is in docs/PERFORMANCE.md, "Third session"). Not
+			// (sm 8 B ping-pong 0.310 -> 0.281 us, rate unchanged). Not
 			// after a skip alone: the call then goes on to the entry at
 			// the ring's start, so that it reports what it found. After
 			// the call's first entry, and after entries longer than a
 			// line: a call that found two small ones has a stream to work
 			// through, and takes it in runs (rate 8 B +6%), where going on
-			// after large ones cost rate 512 B 6% (PERFORMANCE.md, "Fifth
-			// session").
+			// after large ones cost rate 512 B 6%.
 			break
 		}
 		if pos&(line-1) == 0 && n > 1 {

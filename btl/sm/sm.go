@@ -67,16 +67,14 @@ const have = btl.CapSend | btl.CapSendImmediate | btl.CapSendInPlace | btl.CapPu
 // header (vader: 4k, header included). Messages up to it are copied in and
 // out of shared fragments; larger ones go by rendezvous and one CMA read,
 // a system call that costs a few microseconds on this project's machines.
-// On the sixth session's Intel guest 8 KiB was the better limit (16 KiB by
-// RGET won bidirectional bandwidth there); on the AMD guest of the ninth
-// session a 16 KiB limit won every figure at 12-16 KiB and changed none at
-// 8 and 32 KiB: bench/ab.sh 6 against 8256, gated, per mode: bw 12 KiB
+// Where that call is slow, a 16 KiB limit won every figure at 12-16 KiB
+// and changed none at 8 and 32 KiB (bench/ab.sh 6 against 8256, per mode:
+// bw 12 KiB
 // 3.7-4.3 -> 6.6-8.8 GB/s, 16 KiB 5.1-5.2 -> 7.6-8.3; bibw 12 KiB 6.7-6.8
 // -> 10.0-14.6, 16 KiB 8.3-8.5 -> 10.1-13.2; latency 12 KiB 5.2-5.7 ->
 // 2.1-2.5 us, 16 KiB 6.0-6.6 -> 2.8-3.3 (vader: 4.0 and 4.7 us). A 32 KiB
-// limit (32832) gained at 32 KiB but lost bibw at 8-16 KiB
-// (docs/PERFORMANCE.md, "Ninth session", item 5). Where a single copy is
-// cheap, Open lowers it to 8 KiB + 64 (fitEagerLimit).
+// limit (32832) gained at 32 KiB but lost bibw at 8-16 KiB. Where a single
+// copy is cheap, Open lowers it to 8 KiB + 64 (fitEagerLimit).
 var defaults = btl.Defaults{
 	Limits: btl.Limits{
 		EagerLimit:             16<<10 + 64,
@@ -300,11 +298,10 @@ func singleCopy(env *btl.Env, cfg config) (btl.Caps, error) {
 
 // The eager limit when a single copy is cheap: 8 KiB of payload plus 64
 // bytes, so that 16 KiB messages go by one CMA read. Which limit wins
-// depends on the cost of that system call: on the ninth session's AMD
-// guest a 16 KiB read cost a few microseconds and 16 KiB by copy in and
-// out won every figure at 12-16 KiB (see defaults); on the thirteenth
-// session's Intel guest it cost 0.85 us (the mean of 20,000 reads of own
-// memory; cmaCost reads 0.86-1.29 us at start-up) and the 8 KiB limit won
+// depends on the cost of that system call: where a 16 KiB read cost a few
+// microseconds, 16 KiB by copy in and out won every figure at 12-16 KiB
+// (see defaults); where it cost 0.85 us (the mean of 20,000 reads of own
+// memory; cmaCost reads 0.86-1.29 us at start-up) the 8 KiB limit won
 // bidirectional bandwidth at 4-16 KiB (bibw 16 KiB 10.5 -> 13.1 GB/s, 4
 // KiB 5.3 -> 5.7; bw 16 KiB unchanged, 4 KiB 5.5 -> 6.2; 7 alternated
 // rounds of bench/ab.sh per mode), for 16 KiB latency 4.56 -> 5.15 us
