@@ -137,9 +137,8 @@ const bgNapMax = 8 * time.Millisecond
 // ping-pong's waiter, preempted) then waits for the runtime's monitor to
 // take the processor back, up to 10 ms, and the monitor then polls every
 // 20 us for a while, taking the core from the spinning ranks (sm 8 B
-// ping-pong: stretches at 0.44-0.50 us instead of 0.31-0.33 us; measured
-// as docs/PERFORMANCE.md, "Third session", item 4, says). Waiters still
-// block in the transport.
+// ping-pong: stretches at 0.44-0.50 us instead of 0.31-0.33 us, runs of
+// gompi-bench latency --sizes 8). Waiters still block in the transport.
 type BackgroundNapper interface {
 	btl.Poller
 	NapInBackground() bool

@@ -754,8 +754,7 @@ func (e *Engine) takeSpare() *Request {
 // the engine's one spare. The engine's slot costs two locked instructions
 // per receive, the pool's per-processor one none but more work: 7.0-7.3 ns
 // against 14.7-14.9 for a take and a give back on this kind of machine,
-// AMD EPYC (`go test -bench TakeGive ./bench/lockcost`); docs/PERFORMANCE.md,
-// "Eighth session".
+// AMD EPYC (`go test -bench TakeGive ./bench/lockcost`).
 var spares sync.Pool
 
 // putSpare puts a finished blocking receive's request aside for a later

@@ -127,9 +127,8 @@ func (c *Comm) sendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (r *R
 	// ob1 too tries the transport's sendi for a larger eager message once
 	// it has its request (start_copy); here the request is made only if
 	// the transport refuses (gompi-bench rate over sm, 512 B: 2.46-3.51 ->
-	// 4.01-5.59 M/s, four alternated runs; docs/PERFORMANCE.md, "Eighth
-	// session"). Not when a protocol is forced: then the message goes the
-	// forced way.
+	// 4.01-5.59 M/s, four alternated runs). Not when a protocol is forced:
+	// then the message goes the forced way.
 	if p.hs != nil && (proto == EagerImmediate || proto == EagerPrepared && e.force == ForceNone) {
 		// The header by value, in registers: no pooled buffer.
 		h0, h1 := m.Words()
@@ -175,8 +174,8 @@ func (c *Comm) sendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (r *R
 // its mark phase, with write barriers on, stretched over 1.6-3.5 ms of
 // every ~16 ms of an 8-byte message-rate loop (GODEBUG=gctrace=1).
 // Yielding ends it in 0.1-0.2 ms: rate 8 B 7.03-7.32 -> 7.95-8.19 M/s,
-// 512 B 2.86-2.98 -> 3.29-3.54 (five alternated runs; docs/PERFORMANCE.md,
-// "Sixth session", item 5). Blocking eager calls allocate
+// 512 B 2.86-2.98 -> 3.29-3.54 (five alternated runs). Blocking eager
+// calls allocate
 // nothing and do not yield: their paths stay as they were (yielding in the
 // paths both kinds share measured 2-3% slower in a blocking ping-pong).
 const yieldEvery = 1024
