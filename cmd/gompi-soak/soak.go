@@ -56,14 +56,13 @@ type msg struct {
 
 // config of a soak run.
 type config struct {
-	seed      uint64
-	count     int64         // stop after this many messages (0: use duration)
-	duration  time.Duration // stop after this long (rank 0 decides at a round's end)
-	maxSize   int
-	perPair   int           // at most this many messages per pair and round
-	deadline  time.Duration // a round that has not finished by then is a failure (lost messages)
-	bsendMax  int           // largest buffered-mode message
-	verbose   func(format string, a ...any)
+	seed     uint64
+	count    int64         // stop after this many messages (0: use duration)
+	duration time.Duration // stop after this long (rank 0 decides at a round's end)
+	maxSize  int
+	perPair  int           // at most this many messages per pair and round
+	deadline time.Duration // a round that has not finished by then is a failure (lost messages)
+	bsendMax int           // largest buffered-mode message
 }
 
 // report is what one rank saw; rank 0 sums them.
@@ -192,8 +191,8 @@ type checker struct {
 	rd      *round
 	me      int
 	rep     *report
-	next    []int          // per source: seq of the next message expected (wildcard-source and per-source styles)
-	nextTag []map[int]int  // per source and tag: index into byTag of the next one (specific style)
+	next    []int         // per source: seq of the next message expected (wildcard-source and per-source styles)
+	nextTag []map[int]int // per source and tag: index into byTag of the next one (specific style)
 	byTag   []map[int][]msg
 	seen    []map[int]bool // per source: seqs received
 	scratch []byte
