@@ -145,7 +145,7 @@ type env struct {
 	ctxs [2]ibv.Context
 }
 
-// ctx returns the case's context on device dev (opened on first use,
+// dev returns the case's context on device dev (opened on first use,
 // closed at the end of the case). In the loopback topology every device
 // index is device 0.
 func (e *env) dev(dev int) ibv.Context {

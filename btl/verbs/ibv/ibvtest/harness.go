@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"testing"
 	"time"
 
 	"github.com/gompi-org/gompi/btl/verbs/ibv"
@@ -267,8 +266,6 @@ func (e *env) sameBytes(got, want []byte, what string) {
 		}
 	}
 }
-
-var _ = testing.Verbose
 
 // syncID marks the requests of sync.
 const syncID = 1 << 60
