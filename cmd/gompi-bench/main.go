@@ -51,6 +51,7 @@ type config struct {
 	plot       string
 	overlay    string
 	label      string
+	inprocess  bool // two goroutine ranks: latency prints a channel's and copy()'s figures beside gompi's
 	out        io.Writer
 }
 
@@ -95,7 +96,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg := config{mode: fs.Arg(0), iterations: *iters, warmup: *warmup, warmupTime: *warmupTime, batches: max(1, *batches), window: max(1, *window),
-		csv: *csv, idle: *idle, tensors: max(1, *tensors), plot: *plot, overlay: *overlay, label: *label, out: stdout}
+		csv: *csv, idle: *idle, tensors: max(1, *tensors), plot: *plot, overlay: *overlay, label: *label, inprocess: *inproc, out: stdout}
 	switch cfg.mode {
 	case "latency", "bw", "bibw", "rate", "idle", "tensor":
 	default:
@@ -198,10 +199,23 @@ func bench(w *mpi.Comm, cfg *config) error {
 	unit := map[string]string{"latency": "latency_us", "bw": "bw_MBps", "bibw": "bibw_MBps", "rate": "msgs_per_s"}[cfg.mode]
 	var xs []int
 	var ys []float64
+	// In-process latency is printed beside its yardsticks: a Go channel
+	// ping-pong (half round trip) and copy() of the message's bytes.
+	yard := cfg.inprocess && cfg.mode == "latency"
+	var chanUS float64
 	if rank == 0 {
-		if cfg.csv {
+		if yard {
+			chanUS = channelPingPong(cfg.batches)
+		}
+		switch {
+		case cfg.csv && yard:
+			fmt.Fprintf(cfg.out, "size,%s,chan_us,copy_us\n", unit)
+		case cfg.csv:
 			fmt.Fprintf(cfg.out, "size,%s\n", unit)
-		} else {
+		case yard:
+			fmt.Fprintf(cfg.out, "# gompi-bench %s: median of %d batches; yardsticks: a Go channel ping-pong (half round trip) and copy() of size bytes in one goroutine\n%10s %14s %10s %8s %10s %9s\n",
+				cfg.mode, cfg.batches, "size", unit, "chan_us", "x_chan", "copy_us", "of_copy")
+		default:
 			fmt.Fprintf(cfg.out, "# gompi-bench %s: median of %d batches; window %d; 1 MB = 1e6 B\n%10s %14s\n", cfg.mode, cfg.batches, cfg.window, "size", unit)
 		}
 	}
@@ -215,9 +229,18 @@ func bench(w *mpi.Comm, cfg *config) error {
 		}
 		if rank == 0 {
 			xs, ys = append(xs, size), append(ys, v)
-			if cfg.csv {
+			var copyUS float64
+			if yard {
+				copyUS = copyTime(size, cfg.batches)
+			}
+			switch {
+			case cfg.csv && yard:
+				fmt.Fprintf(cfg.out, "%d,%.3f,%.3f,%.3f\n", size, v, chanUS, copyUS)
+			case cfg.csv:
 				fmt.Fprintf(cfg.out, "%d,%.3f\n", size, v)
-			} else {
+			case yard:
+				fmt.Fprintf(cfg.out, "%10d %14.3f %10.3f %7.2fx %10.3f %8.0f%%\n", size, v, chanUS, v/chanUS, copyUS, 100*copyUS/v)
+			default:
 				fmt.Fprintf(cfg.out, "%10d %14.3f\n", size, v)
 			}
 		}
@@ -336,21 +359,21 @@ func pingpong(w *mpi.Comm, buf []byte, n int) (time.Duration, error) {
 	if err := peerBarrier(w); err != nil {
 		return 0, err
 	}
-	var b any = buf // convert once: the loop then allocates nothing
+	// The buffer goes straight into the calls, as users write them.
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		if w.Rank() == 0 {
-			if err := w.Send(b, 1, tagData); err != nil {
+			if err := w.Send(buf, 1, tagData); err != nil {
 				return 0, err
 			}
-			if _, err := w.Recv(b, 1, tagData); err != nil {
+			if _, err := w.Recv(buf, 1, tagData); err != nil {
 				return 0, err
 			}
 		} else {
-			if _, err := w.Recv(b, 0, tagData); err != nil {
+			if _, err := w.Recv(buf, 0, tagData); err != nil {
 				return 0, err
 			}
-			if err := w.Send(b, 0, tagData); err != nil {
+			if err := w.Send(buf, 0, tagData); err != nil {
 				return 0, err
 			}
 		}
@@ -363,15 +386,15 @@ func bwBatch(w *mpi.Comm, buf []byte, window, loops int) (time.Duration, error) 
 		return 0, err
 	}
 	reqs := make([]*mpi.Request, window)
-	var b, ack any = buf, make([]int32, 1) // converted once: the loop then allocates nothing
+	ack := make([]int32, 1)
 	start := time.Now()
 	for l := 0; l < loops; l++ {
 		var err error
 		for i := range reqs {
 			if w.Rank() == 0 {
-				reqs[i], err = w.Isend(b, 1, tagData)
+				reqs[i], err = w.Isend(buf, 1, tagData)
 			} else {
-				reqs[i], err = w.Irecv(b, 0, tagData)
+				reqs[i], err = w.Irecv(buf, 0, tagData)
 			}
 			if err != nil {
 				return 0, err
@@ -400,17 +423,16 @@ func bibwBatch(w *mpi.Comm, sbuf, rbuf []byte, window, loops int) (time.Duration
 	}
 	peer := 1 - w.Rank()
 	reqs := make([]*mpi.Request, 2*window)
-	var sb, rb any = sbuf, rbuf // converted once
 	start := time.Now()
 	for l := 0; l < loops; l++ {
 		var err error
 		for i := 0; i < window; i++ {
-			if reqs[i], err = w.Irecv(rb, peer, tagData); err != nil {
+			if reqs[i], err = w.Irecv(rbuf, peer, tagData); err != nil {
 				return 0, err
 			}
 		}
 		for i := 0; i < window; i++ {
-			if reqs[window+i], err = w.Isend(sb, peer, tagData); err != nil {
+			if reqs[window+i], err = w.Isend(sbuf, peer, tagData); err != nil {
 				return 0, err
 			}
 		}
@@ -458,4 +480,52 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// channelPingPong returns the median half round trip, in microseconds, of
+// an 8-byte array passed back and forth between two goroutines over
+// unbuffered channels: the in-process latency yardstick.
+func channelPingPong(batches int) float64 {
+	const n = 20000
+	ping, pong := make(chan [8]byte), make(chan [8]byte)
+	go func() {
+		for v := range ping {
+			pong <- v
+		}
+	}()
+	defer close(ping)
+	var v [8]byte
+	vals := make([]float64, max(1, batches))
+	for b := -1; b < len(vals); b++ { // one unmeasured batch
+		start := time.Now()
+		for range n {
+			ping <- v
+			v = <-pong
+		}
+		if b >= 0 {
+			vals[b] = time.Since(start).Seconds() / n / 2 * 1e6
+		}
+	}
+	sort.Float64s(vals)
+	return vals[len(vals)/2]
+}
+
+// copyTime returns the median time, in microseconds, of copy() of size
+// bytes between two buffers in one goroutine: the in-process bandwidth
+// yardstick.
+func copyTime(size, batches int) float64 {
+	src, dst := make([]byte, size), make([]byte, size)
+	n := max(4, min(20000, (256<<20)/max(1, size)))
+	vals := make([]float64, max(1, batches))
+	for b := -1; b < len(vals); b++ {
+		start := time.Now()
+		for range n {
+			copy(dst, src)
+		}
+		if b >= 0 {
+			vals[b] = time.Since(start).Seconds() / float64(n) * 1e6
+		}
+	}
+	sort.Float64s(vals)
+	return vals[len(vals)/2]
 }
