@@ -364,6 +364,11 @@ func (d *device) drain(max int) bool {
 				d.ctr.bad.Add(1)
 				continue
 			}
+			if len(data) == 0 {
+				d.ctr.pktRecv.Add(1)
+				d.ctr.bad.Add(1)
+				continue
+			}
 			if seg <= 0 {
 				seg = len(data)
 			}

@@ -106,6 +106,7 @@ func TestOrderedUnderFaults(t *testing.T) {
 	o := defaultOpts()
 	o.bufSize = n * slot
 	o.mtu = ibv.MTU512
+	o.timeout = 10 // 4 ms: tail losses wait for it
 	o.recvWR = 1024
 	o.cqe = 2048
 	a, b := newPair(t, faults, fb, o)

@@ -57,7 +57,7 @@ func defaultOpts() pairOpts {
 		recvWR:   1024,
 		access:   ibv.AccessRemoteWrite | ibv.AccessRemoteRead | ibv.AccessRemoteAtomic,
 		mrAccess: ibv.AccessLocalWrite | ibv.AccessRemoteWrite | ibv.AccessRemoteRead | ibv.AccessRemoteAtomic,
-		timeout:  10, // 4 ms
+		timeout:  14, // 67 ms
 		retryCnt: 7,
 		rnrRetry: 7,
 		minRNR:   1,
