@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/gompi-org/gompi/btl/verbs/ibv"
-	"github.com/gompi-org/gompi/internal/params"
 	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/internal/params"
 	"github.com/stretchr/testify/require"
 )
 

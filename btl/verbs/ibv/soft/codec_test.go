@@ -126,7 +126,11 @@ func TestDecodeRejects(t *testing.T) {
 		"unknown opcode": append([]byte{0x15}, good[1:]...),
 		"UD opcode":      append([]byte{0x64}, good[1:]...),
 		"version":        func() []byte { c := bytes.Clone(good); c[1] |= 1; return c }(),
-		"pad too large":  func() []byte { c := buildPacket(packet{bth: bth{opcode: opSendOnly}}, nil, &testFlow); c[1] |= 3 << 4; return c }(),
+		"pad too large": func() []byte {
+			c := buildPacket(packet{bth: bth{opcode: opSendOnly}}, nil, &testFlow)
+			c[1] |= 3 << 4
+			return c
+		}(),
 		"payload on ACK": func() []byte {
 			return buildPacket(packet{bth: bth{opcode: opAck}, aeth: aeth{syndrome: creditsInvalid}}, []byte{1, 2, 3, 4}, &testFlow)
 		}(),
