@@ -390,13 +390,15 @@ type QP interface {
 	Modify(attr *QPAttr, mask AttrMask) error
 	Query() (QPAttr, error)
 	// PostSend queues wrs in order. It stops at the first request it can
-	// refuse at once (QP not in RTS: ErrInvalid; queue full: ErrNoMem; too
-	// many SGEs; inline data too large) and returns its index and the
-	// error; the requests before it are posted. Without FlagInline the
-	// memory named by the SGEs must stay untouched until the completion
-	// (or a later signalled completion) is polled.
+	// refuse at once (QP in RESET, INIT or RTR: ErrInvalid; queue full:
+	// ErrNoMem; too many SGEs; inline data too large) and returns its
+	// index and the error; the requests before it are posted. A request
+	// posted to a QP in ERR is accepted and completes with WCWRFlushErr.
+	// Without FlagInline the memory named by the SGEs must stay untouched
+	// until the completion (or a later signalled completion) is polled.
 	PostSend(wrs []SendWR) (bad int, err error)
-	// PostRecv queues receive requests (from INIT on), as PostSend.
+	// PostRecv queues receive requests (from INIT on; in RESET:
+	// ErrInvalid; in ERR they complete with WCWRFlushErr), as PostSend.
 	PostRecv(wrs []RecvWR) (bad int, err error)
 	// Destroy releases the QP; outstanding requests are dropped.
 	Destroy() error
