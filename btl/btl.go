@@ -13,6 +13,24 @@
 // for its tag, and reports a dead peer through Dispatcher.PeerFailed. No other
 // callbacks cross the layer, except the completion callbacks of Send, Put,
 // Get and Flush.
+//
+// Every transport implements Component, Module and Endpoint. The optional
+// interfaces below let a transport save the PML work; the PML works without
+// any of them, and each is defined in this file:
+//
+//	interface         on        implement it when                                    implemented by
+//	Poller            Module    inbound fragments are found by polling               sm, tcp, verbs
+//	ConcurrentPoller  Module    Progress may run on several goroutines at once       sm, tcp, verbs
+//	HeldPoller        Module    a spinning waiter may keep the poll lock             sm
+//	BackgroundNapper  Module    Block sleeps in a system call holding the processor  sm
+//	Spinner           Module    small fragments are handed to the receiver's poll    self
+//	Counted           Module    the transport counts its traffic (gorun --stats)     all
+//	HeaderSender      Endpoint  an immediate send can take its header by value       self, sm
+//	SyncGetter        Endpoint  Get always completes within the call                 self, sm
+//
+// and Dispatcher.RegisterRun, for a transport that finds several fragments
+// of one peer at once (sm's fast boxes): the PML matches a run under one
+// hold of its lock.
 package btl
 
 import (
@@ -300,6 +318,44 @@ type Poller interface {
 	// spinning at most briefly (a transport may poll for a bounded time
 	// before it sleeps). It may return early.
 	Block(wake <-chan struct{})
+}
+
+// HeldPoller is implemented by transports whose poll lock a waiter that
+// spins may keep across polls: BeginPoll takes it (false: another
+// goroutine polls), PollHeld is Progress for its holder and reports
+// whether the holder still holds it (a call with work to do unlocked
+// releases it), EndPoll releases it. The PML's spinning waiter holds it for at most 256
+// polls at a time and never while it yields, blocks or runs deferred
+// rendezvous starts.
+type HeldPoller interface {
+	Poller
+	BeginPoll() bool
+	PollHeld() (n int, held bool)
+	EndPoll()
+}
+
+// BackgroundNapper is implemented by transports that the background
+// goroutine must not wait on with Block, and that it polls after timed
+// naps instead. A transport whose Block sleeps in a system call (sm's
+// futex) holds the process's processor meanwhile: under gorun's one
+// processor per rank, a rank's goroutine that wants to run again (a
+// ping-pong's waiter, preempted) then waits for the runtime's monitor to
+// take the processor back, up to 10 ms, and the monitor then polls every
+// 20 us for a while, taking the core from the spinning ranks (sm 8 B
+// ping-pong: stretches at 0.44-0.50 us instead of 0.31-0.33 us, runs of
+// gompi-bench latency --sizes 8). Waiters still block in the transport.
+type BackgroundNapper interface {
+	Poller
+	NapInBackground() bool
+}
+
+// ConcurrentPoller is implemented by transports whose Progress may be
+// called from several goroutines at once (it serializes itself, e.g. by
+// returning 0 when another call is in flight). The PML then calls it
+// without a lock of its own, which saves two atomic operations per poll.
+type ConcurrentPoller interface {
+	Poller
+	ConcurrentProgress() bool
 }
 
 // Counters are a module's traffic counters (for gorun --stats).

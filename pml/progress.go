@@ -31,25 +31,11 @@ type pollers struct {
 	// blocked counts them (queue.go).
 	retry   func() int
 	blocked atomic.Int32
-	// napper: the first transport is a BackgroundNapper.
+	// napper: the first transport is a btl.BackgroundNapper.
 	napper bool
 	// held: the first transport, when a spinning waiter may hold its poll
-	// lock across polls (HeldPoller); nil otherwise.
-	held HeldPoller
-}
-
-// HeldPoller is implemented by transports whose poll lock a waiter that
-// spins may keep across polls: BeginPoll takes it (false: another
-// goroutine polls), PollHeld is Progress for its holder and reports
-// whether the holder still holds it (a call with work to do unlocked
-// releases it), EndPoll releases it. spinWait holds it for at most 256
-// polls at a time and never while it yields, blocks or runs deferred
-// rendezvous starts.
-type HeldPoller interface {
-	btl.Poller
-	BeginPoll() bool
-	PollHeld() (n int, held bool)
-	EndPoll()
+	// lock across polls (btl.HeldPoller); nil otherwise.
+	held btl.HeldPoller
 }
 
 // deferStarts notes that starts are waiting for the next progress call and
@@ -129,45 +115,21 @@ const bgNap = time.Millisecond
 // progress after a long wait.
 const bgNapMax = 8 * time.Millisecond
 
-// BackgroundNapper is implemented by transports that the background
-// goroutine must not wait on with Block, and that it polls after timed
-// naps instead. A transport whose Block sleeps in a system call (sm's
-// futex) holds the process's processor meanwhile: under gorun's one
-// processor per rank, a rank's goroutine that wants to run again (a
-// ping-pong's waiter, preempted) then waits for the runtime's monitor to
-// take the processor back, up to 10 ms, and the monitor then polls every
-// 20 us for a while, taking the core from the spinning ranks (sm 8 B
-// ping-pong: stretches at 0.44-0.50 us instead of 0.31-0.33 us, runs of
-// gompi-bench latency --sizes 8). Waiters still block in the transport.
-type BackgroundNapper interface {
-	btl.Poller
-	NapInBackground() bool
-}
-
 type polled struct {
 	p          btl.Poller
 	concurrent bool       // p serializes its own Progress calls: mu is not used
 	mu         sync.Mutex // one Progress call at a time: FIFOs have a single consumer
 }
 
-// ConcurrentPoller is implemented by transports whose Progress may be
-// called from several goroutines at once (it serializes itself, e.g. by
-// returning 0 when another call is in flight). The PML then calls it
-// without a lock of its own, which saves two atomic operations per poll.
-type ConcurrentPoller interface {
-	btl.Poller
-	ConcurrentProgress() bool
-}
-
 func (ps *pollers) add(p btl.Poller) {
 	if len(ps.list) == 0 {
-		n, ok := p.(BackgroundNapper)
+		n, ok := p.(btl.BackgroundNapper)
 		ps.napper = ok && n.NapInBackground()
 	}
-	c, ok := p.(ConcurrentPoller)
+	c, ok := p.(btl.ConcurrentPoller)
 	ps.list = append(ps.list, &polled{p: p, concurrent: ok && c.ConcurrentProgress()})
 	if len(ps.list) == 1 && ps.list[0].concurrent {
-		ps.held, _ = p.(HeldPoller)
+		ps.held, _ = p.(btl.HeldPoller)
 	}
 }
 
@@ -191,7 +153,7 @@ func (ps *pollers) progress() int {
 }
 
 // progressHeld is progress for a spinning waiter: it keeps the first
-// transport's poll lock (HeldPoller) across calls while *held says it
+// transport's poll lock (btl.HeldPoller) across calls while *held says it
 // holds it, taking it when it can. Deferred starts run with it released.
 func (ps *pollers) progressHeld(held *bool) int {
 	n := 0

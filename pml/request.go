@@ -395,7 +395,7 @@ func (e *Engine) spinWait(cond func() bool, size int, bulk bool) bool {
 	}
 	const yieldMask = 4095
 	counted := false // in spinners: only once the wait is not over at once
-	held := false    // the first transport's poll lock, kept across polls (HeldPoller)
+	held := false    // the first transport's poll lock, kept across polls (btl.HeldPoller)
 	defer func() {
 		if held {
 			e.poll.held.EndPoll()

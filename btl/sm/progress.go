@@ -45,7 +45,7 @@ func (m *Module) Progress() int {
 }
 
 // BeginPoll takes the poll lock for a run of PollHeld calls, as a waiter
-// spinning on a request does (pml.HeldPoller): two locked instructions
+// spinning on a request does (btl.HeldPoller): two locked instructions
 // per run instead of two per poll, and a tighter loop, so that a fragment
 // is seen sooner after it lands. False when another goroutine polls now.
 // The holder must call EndPoll soon (the PML does within 256 polls) and
@@ -548,7 +548,7 @@ func (m *Module) wakeHelper(wake <-chan struct{}, stop <-chan struct{}, woken *a
 
 // NapInBackground tells the PML's background progress goroutine to poll
 // after timed naps instead of sleeping in Block: Block's futex sleep holds
-// the process's processor (see pml.BackgroundNapper).
+// the process's processor (see btl.BackgroundNapper).
 func (m *Module) NapInBackground() bool { return true }
 
 // ConcurrentProgress reports that Progress may be called from several

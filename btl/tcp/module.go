@@ -168,7 +168,7 @@ func (m *module) Progress() int {
 // ConcurrentProgress reports that Progress may be called from several
 // goroutines at once (each socket is read by whoever gets its lock; the
 // others skip it), so the PML need not serialize the calls
-// (pml.ConcurrentPoller).
+// (btl.ConcurrentPoller).
 func (m *module) ConcurrentProgress() bool { return true }
 
 // blockNap bounds Block: the reader goroutines deliver while it sleeps, so
