@@ -118,7 +118,7 @@ var addrCounter atomic.Uint32
 
 // pickLoopback binds the first free 127.x.y.z (not 127.0.0.1) of a
 // sequence that starts from a hash of the pid and an in-process counter.
-func pickLoopback(port, bufBytes int) (*sock, netip.Addr, error) {
+func pickLoopback(port, bufBytes int, noGSO bool) (*sock, netip.Addr, error) {
 	h := fnv.New32a()
 	fmt.Fprintf(h, "%d/%d", os.Getpid(), addrCounter.Add(1))
 	start := h.Sum32()
@@ -129,7 +129,7 @@ func pickLoopback(port, bufBytes int) (*sock, netip.Addr, error) {
 		if byte(v) == 0 || byte(v) == 255 || a == netip.AddrFrom4([4]byte{127, 0, 0, 1}) {
 			continue
 		}
-		s, err := openSock(a, port, bufBytes)
+		s, err := openSock(a, port, bufBytes, noGSO)
 		if err == nil {
 			return s, a, nil
 		}
@@ -153,10 +153,10 @@ func newDevice(cfg Config) (*device, error) {
 	}
 	var err error
 	if !cfg.Addr.IsValid() {
-		d.sock, d.addr, err = pickLoopback(cfg.Port, cfg.SockBuf)
+		d.sock, d.addr, err = pickLoopback(cfg.Port, cfg.SockBuf, cfg.NoGSO)
 	} else {
 		d.addr = cfg.Addr.Unmap()
-		d.sock, err = openSock(d.addr, cfg.Port, cfg.SockBuf)
+		d.sock, err = openSock(d.addr, cfg.Port, cfg.SockBuf, cfg.NoGSO)
 	}
 	if err != nil {
 		return nil, err

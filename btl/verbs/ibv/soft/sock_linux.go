@@ -36,7 +36,7 @@ const (
 	gsoMaxSegs  = 64
 )
 
-func openSock(addr netip.Addr, port int, bufBytes int) (*sock, error) {
+func openSock(addr netip.Addr, port int, bufBytes int, noGSO bool) (*sock, error) {
 	fam := unix.AF_INET
 	if !addr.Is4() {
 		fam = unix.AF_INET6
@@ -71,10 +71,10 @@ func openSock(addr netip.Addr, port int, bufBytes int) (*sock, error) {
 	} else {
 		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
 	}
-	if unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_SEGMENT, 0) == nil {
+	if !noGSO && unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_SEGMENT, 0) == nil {
 		s.gso.Store(true)
 	}
-	if unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil {
+	if !noGSO && unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil {
 		s.gro = true
 	}
 	// The descriptor is non-blocking; Go's poller wakes the receive

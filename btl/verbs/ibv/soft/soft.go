@@ -99,6 +99,10 @@ type Config struct {
 	Window int
 	// SockBuf is the socket buffer size asked for, in bytes (0: 16 MiB).
 	SockBuf int
+	// NoGSO keeps the socket from UDP segmentation offload and GRO, so
+	// that a capture on lo shows each packet on its own (the kernel
+	// otherwise passes 64 KiB runs of packets over lo unsplit).
+	NoGSO bool
 	// Clock runs the retransmission and RNR timers (nil: real time).
 	Clock Clock
 }
@@ -170,6 +174,7 @@ const (
 	ParamMinTimeout = "verbs_soft_min_timeout"
 	ParamWindow     = "verbs_soft_window"
 	ParamSockBuf    = "verbs_soft_sockbuf"
+	ParamGSO        = "verbs_soft_gso"
 )
 
 func init() {
@@ -193,6 +198,8 @@ func init() {
 		Help: "packets a soft verbs QP sends ahead of acknowledgement"})
 	params.Register(params.Def{Name: ParamSockBuf, Kind: params.Size, Default: "16m",
 		Help: "socket buffer size of the soft verbs device"})
+	params.Register(params.Def{Name: ParamGSO, Kind: params.Bool, Default: "true",
+		Help: "use UDP GSO/GRO where the kernel has them (false: one packet per datagram, e.g. for captures)"})
 	ibv.RegisterProvider("soft", func(p *params.Set) (ibv.Provider, error) {
 		c, err := ConfigFromParams(p)
 		if err != nil {
@@ -257,6 +264,9 @@ func ConfigFromParams(p *params.Set) (Config, error) {
 	}
 	if has(ParamSockBuf) {
 		c.SockBuf = p.Int(ParamSockBuf)
+	}
+	if has(ParamGSO) {
+		c.NoGSO = !p.Bool(ParamGSO)
 	}
 	return c.withDefaults(), nil
 }
