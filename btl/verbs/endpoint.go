@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/btl/verbs/ibv"
@@ -39,7 +40,8 @@ const (
 	opACK                 // an acknowledgement
 	opPut
 	opGet
-	opImm // a Put with an immediate
+	opImm   // a Put with an immediate
+	opProbe // a zero-length RDMA WRITE checking that the peer lives
 )
 
 // recvBit marks the work request ids of receives.
@@ -118,7 +120,9 @@ type endpoint struct {
 	opSeq    uint64 // operations submitted
 	doneSeq  uint64 // operations completed (in order)
 	flushes  []flushWait
-	closeSeq uint64 // operation number of our close frame (0: none)
+	closeSeq uint64      // operation number of our close frame (0: none)
+	probe    *time.Timer // liveness probe while operations wait for the peer
+	probing  bool        // a probe is posted
 	later    []doneCB
 	report   error // failure to report with PeerFailed once mu is released
 	reported bool
@@ -216,8 +220,12 @@ func (e *endpoint) SendImmediate(tag btl.Tag, hdr, data []byte) error {
 		return btl.ErrWouldBlock
 	}
 	if len(e.pending) > 0 || !e.postMsgLocked(frameMsg, tag, hdr, data, e.opSeq+1) {
+		err := e.checkLocked() // the post may have failed the endpoint
+		if err == nil {
+			err = btl.ErrWouldBlock
+		}
 		e.unlock()
-		return btl.ErrWouldBlock
+		return err
 	}
 	e.opSeq++
 	e.unlock()
@@ -255,8 +263,13 @@ func (e *endpoint) send(tag btl.Tag, hdr, data, abuf []byte, cb btl.Completion) 
 		e.m.bytesSent.Add(int64(len(hdr) + len(data)))
 		return true, nil
 	}
+	if err := e.checkLocked(); err != nil { // the post failed the endpoint
+		e.unlock()
+		return false, err
+	}
 	if e.state == epConnected {
 		e.m.stalls.Add(1)
+		e.stalledLocked()
 	}
 	e.pending = append(e.pending, &pendOp{kind: opMsg, tag: tag, hdr: append([]byte(nil), hdr...), data: data, abuf: abuf, cb: cb, seq: e.opSeq})
 	e.startConnectLocked()
@@ -361,8 +374,16 @@ func (e *endpoint) rdma(kind opKind, local, handle []byte, off int, imm uint32, 
 	e.opSeq++
 	op.seq = e.opSeq
 	if !(e.state == epConnected && len(e.pending) == 0 && e.postRDMALocked(op)) {
+		if err := e.checkLocked(); err != nil { // the post failed the endpoint
+			e.unlock()
+			if op.reg != nil {
+				m.cache.put(op.reg)
+			}
+			return false, err
+		}
 		if e.state == epConnected {
 			m.stalls.Add(1)
+			e.stalledLocked()
 		}
 		e.pending = append(e.pending, op)
 		e.startConnectLocked()
@@ -538,7 +559,43 @@ func (e *endpoint) drainLocked() {
 	}
 	if len(e.pending) == 0 {
 		e.pending = nil
+	} else if e.state == epConnected {
+		e.stalledLocked()
 	}
+}
+
+// probeAfter is how long operations wait for room before the endpoint
+// checks that the peer is alive.
+const probeAfter = 100 * time.Millisecond
+
+// stalledLocked starts the liveness probe of an endpoint whose queued
+// operations wait for the peer (its ACKs): without it a peer that died
+// after taking our messages would leave them queued forever (TensorFlow's
+// hang on a lost ACK), since no work request would be outstanding to fail.
+func (e *endpoint) stalledLocked() {
+	if e.probe == nil {
+		e.probe = time.AfterFunc(probeAfter, e.probeAlive)
+	}
+}
+
+// probeAlive posts a zero-length RDMA WRITE while operations are still
+// queued: a live peer's device completes it at once, a dead one's never,
+// and the QP's retries then end in RETRY_EXC_ERR, which fails the pair.
+func (e *endpoint) probeAlive() {
+	e.mu.Lock()
+	defer e.unlock()
+	e.probe = nil
+	if e.state != epConnected || len(e.pending) == 0 {
+		return
+	}
+	if e.sqFree > 0 && !e.probing {
+		wr := []ibv.SendWR{{Opcode: ibv.WRRDMAWrite, RemoteAddr: e.remote.RingAddr, RKey: e.remote.RingKey}}
+		if !e.postLocked(wr, []wrOp{{kind: opProbe}}) {
+			return
+		}
+		e.probing = true
+	}
+	e.probe = time.AfterFunc(probeAfter, e.probeAlive)
 }
 
 // procFailed wraps err as a peer failure.
@@ -574,6 +631,10 @@ func (e *endpoint) failLocked(err error) {
 		}
 	}
 	e.err = err
+	if e.probe != nil {
+		e.probe.Stop()
+		e.probe = nil
+	}
 	for _, op := range e.pending {
 		e.completeLocked(op.cb, err)
 		if op.abuf != nil {
@@ -647,6 +708,8 @@ func (e *endpoint) onSendDoneLocked(wc *ibv.WC) {
 	switch op.kind {
 	case opMsg, opClose:
 		e.win.written(op.take)
+	case opProbe:
+		e.probing = false
 	}
 	if op.reg != nil {
 		e.m.cache.put(op.reg)
@@ -661,7 +724,7 @@ func (e *endpoint) onSendDoneLocked(wc *ibv.WC) {
 }
 
 func opName(k opKind) string {
-	return [...]string{"pad", "message", "close frame", "ACK", "RDMA write", "RDMA read", "RDMA write with immediate"}[k]
+	return [...]string{"pad", "message", "close frame", "ACK", "RDMA write", "RDMA read", "RDMA write with immediate", "liveness probe"}[k]
 }
 
 // poll takes what the endpoint's completion queue holds: send
@@ -949,9 +1012,9 @@ func (e *endpoint) connect() {
 	e.sqFree = m.depth
 	e.state = epConnected
 	m.addLive(e)
-	e.cq.ReqNotify(false) // the watcher may be asleep with the other queues armed
 	e.drainLocked()
 	e.unlock()
+	m.wake() // completions may have come before the watcher armed the queue
 	m.env.Logf("verbs: rank %d connected to rank %d: %v", me, e.peer, ra)
 }
 

@@ -148,6 +148,11 @@ type module struct {
 	pollMu sync.Mutex    // one poller of the completion queues at a time
 	polls  atomic.Uint64 // Progress calls: the watcher leaves the queues to pollers while it moves
 	kick   chan struct{} // cap 1: Block asks the watcher to watch at once
+	// wakeWatch ends the watcher's wait on the completion channel;
+	// rewatch asks it not to start one (set when a queue goes live,
+	// whose completions may predate its arming).
+	wakeWatch atomic.Pointer[context.CancelFunc]
+	rewatch   atomic.Bool
 
 	fragsSent, bytesSent atomic.Int64
 	fragsRecv, bytesRecv atomic.Int64
@@ -382,10 +387,20 @@ func (m *module) watch() {
 		if n > 0 {
 			continue
 		}
-		cq, err := m.ch.GetEvent(m.runCtx)
+		ctx, cancel := context.WithCancel(m.runCtx)
+		m.wakeWatch.Store(&cancel)
+		if m.rewatch.Swap(false) { // a queue went live since the arming
+			cancel()
+		}
+		cq, err := m.ch.GetEvent(ctx)
+		m.wakeWatch.Store(nil)
+		cancel()
 		if err != nil {
 			if m.runCtx.Err() != nil {
 				return
+			}
+			if ctx.Err() != nil {
+				continue // woken: look again
 			}
 			m.env.Logf("verbs: rank %d: completion channel: %v", m.env.Rank, err)
 			t.Reset(leaseNap)
@@ -397,6 +412,14 @@ func (m *module) watch() {
 			continue
 		}
 		cq.AckEvents(1)
+	}
+}
+
+// wake makes the watcher poll the live queues again.
+func (m *module) wake() {
+	m.rewatch.Store(true)
+	if c := m.wakeWatch.Load(); c != nil {
+		(*c)()
 	}
 }
 

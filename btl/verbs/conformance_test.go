@@ -1,0 +1,98 @@
+package verbs
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/btl/btltest"
+	"github.com/gompi-org/gompi/btl/verbs/ibv"
+	"github.com/gompi-org/gompi/btl/verbs/internal/loopib"
+	"github.com/gompi-org/gompi/internal/params"
+)
+
+// testLog is a Logf that stops forwarding to t when the test ends.
+type testLog struct {
+	t    testing.TB
+	done atomic.Bool
+	mu   sync.Mutex
+	msgs []string
+}
+
+func newTestLog(t testing.TB) *testLog {
+	l := &testLog{t: t}
+	t.Cleanup(func() { l.done.Store(true) })
+	return l
+}
+
+func (l *testLog) Logf(format string, a ...any) {
+	msg := fmt.Sprintf(format, a...)
+	l.mu.Lock()
+	l.msgs = append(l.msgs, msg)
+	l.mu.Unlock()
+	if !l.done.Load() && testing.Verbose() {
+		l.t.Log(msg)
+	}
+}
+
+// rank is one opened rank of a test job.
+type rank struct {
+	env *btl.Env
+	m   *module
+}
+
+// openJob opens n ranks on providers from newProv, sharing one store, with
+// parameter overrides; they close when the test ends.
+func openJob(t testing.TB, n int, newProv func(i int) ibv.Provider, overrides ...[2]string) []*rank {
+	t.Helper()
+	store := btltest.NewStore()
+	set, err := params.NewSet(overrides)
+	require.NoError(t, err)
+	cfg, err := readConfig(set)
+	require.NoError(t, err)
+	ranks := make([]*rank, n)
+	for i := range n {
+		log := newTestLog(t)
+		env := &btl.Env{Rank: i, Size: n, LocalRank: i, LocalSize: n, JobID: "test-job", Secret: []byte("secret"),
+			Params: set, Store: store, Dispatch: &btl.Dispatcher{}, Logf: log.Logf}
+		m, err := openModule(env, cfg, newProv(i))
+		require.NoError(t, err)
+		ranks[i] = &rank{env: env, m: m}
+		t.Cleanup(func() { m.Close() })
+	}
+	return ranks
+}
+
+func loopProviders() func(int) ibv.Provider {
+	f := loopib.NewFabric()
+	return func(int) ibv.Provider { return f.NewProvider() }
+}
+
+func suitePeers(newProvs func() func(int) ibv.Provider, overrides ...[2]string) func(t *testing.T, n int) []btltest.Peer {
+	return func(t *testing.T, n int) []btltest.Peer {
+		ranks := openJob(t, n, newProvs(), overrides...)
+		peers := make([]btltest.Peer, n)
+		for i, r := range ranks {
+			peers[i] = btltest.Peer{Module: r.m, Dispatch: r.env.Dispatch, Kill: r.m.abort}
+		}
+		return peers
+	}
+}
+
+// connectFast bounds the wait for a peer that died before connecting.
+var connectFast = [2]string{paramConnectTimeout, "3s"}
+
+func TestConformanceLoop(t *testing.T) {
+	t.Run("defaults", func(t *testing.T) { btltest.Run(t, suitePeers(loopProviders, connectFast)) })
+	t.Run("one credit", func(t *testing.T) {
+		btltest.Run(t, suitePeers(loopProviders, connectFast, [2]string{paramCredits, "1"}))
+	})
+	t.Run("small ring", func(t *testing.T) {
+		btltest.Run(t, suitePeers(loopProviders, connectFast, [2]string{"btl_verbs_max_send_size", "8k"},
+			[2]string{"btl_verbs_eager_limit", "1k"}, [2]string{paramRingSize, "1"}, [2]string{paramQueueDepth, "16"}, [2]string{paramCredits, "5"}))
+	})
+}
