@@ -104,6 +104,7 @@ type device struct {
 	rxMu      sync.Mutex
 	lastEmpty atomic.Int64 // mono() of the last look that found the socket empty
 	rs        *rxState
+	icrc      icrcScratch
 	faults    bool
 	rng       *rand.Rand // fault injection
 	held      []byte     // a packet held back for reordering
@@ -459,7 +460,7 @@ func (d *device) releaseHeld() {
 // input decodes and checks one packet and hands it to its QP.
 func (d *device) input(pkt []byte, from netip.AddrPort) {
 	f := flow{src: from.Addr(), dst: d.addr, sport: from.Port(), dport: d.port}
-	if err := checkICRC(&f, pkt); err != nil {
+	if err := d.icrc.check(&f, pkt); err != nil {
 		if err == errICRC {
 			d.ctr.icrc.Add(1)
 		} else {

@@ -25,11 +25,15 @@ type flow struct {
 
 var ones8 = [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
+// icrcScratch is the room in which the masked headers are laid out; its
+// owner reuses it so that no packet allocates.
+type icrcScratch [40 + 8 + bthLen]byte
+
 // icrcStart returns the CRC state after the masked pseudo-LRH, IP header,
 // UDP header and BTH of a packet whose UDP payload (BTH to ICRC) is
 // udpLen bytes. hdr starts with the BTH.
-func icrcStart(f *flow, udpLen int, hdr []byte) uint32 {
-	var ph [40 + 8 + bthLen]byte
+func (ph *icrcScratch) start(f *flow, udpLen int, hdr []byte) uint32 {
+	clear(ph[:])
 	n := 0
 	if f.src.Is4() && f.dst.Is4() {
 		ph[0] = 0x45
@@ -75,11 +79,16 @@ func putICRC(b []byte, c uint32) { binary.LittleEndian.PutUint32(b[:icrcLen], c)
 
 // checkICRC verifies the ICRC of a whole UDP payload pkt received on f.
 func checkICRC(f *flow, pkt []byte) error {
+	var s icrcScratch
+	return s.check(f, pkt)
+}
+
+func (ph *icrcScratch) check(f *flow, pkt []byte) error {
 	if len(pkt) < bthLen+icrcLen {
 		return errShort
 	}
 	end := len(pkt) - icrcLen
-	c := icrcStart(f, len(pkt), pkt)
+	c := ph.start(f, len(pkt), pkt)
 	c = icrcUpdate(c, pkt[bthLen:end])
 	if binary.LittleEndian.Uint32(pkt[end:]) != c {
 		return errICRC
@@ -90,8 +99,9 @@ func checkICRC(f *flow, pkt []byte) error {
 // sealICRC computes and stores the ICRC of a contiguous packet whose last
 // four bytes are reserved for it.
 func sealICRC(f *flow, pkt []byte) {
+	var ph icrcScratch
 	end := len(pkt) - icrcLen
-	c := icrcStart(f, len(pkt), pkt)
+	c := ph.start(f, len(pkt), pkt)
 	c = icrcUpdate(c, pkt[bthLen:end])
 	putICRC(pkt[end:], c)
 }

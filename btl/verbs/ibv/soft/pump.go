@@ -123,7 +123,7 @@ func (q *qp) startPacket(p *packet, payLen int) (uint32, int) {
 	q.tx.begin()
 	q.tx.part(h)
 	udpLen := hl + payLen + padLen(payLen) + icrcLen
-	c := icrcStart(&q.flow, udpLen, h)
+	c := q.tx.icrc.start(&q.flow, udpLen, h)
 	return icrcUpdate(c, h[bthLen:]), hl
 }
 
@@ -225,6 +225,7 @@ func (q *qp) buildRequest() bool {
 	}
 	if q.sentAny && psnDiff(psn, q.maxSent) <= 0 {
 		q.dev.ctr.retrans.Add(1)
+		q.probing = false
 	}
 	p := packet{bth: bth{psn: psn}}
 	k := int(q.txPkt)
@@ -314,8 +315,11 @@ func (q *qp) buildRequest() bool {
 		q.maxSent = last
 	}
 	q.sentAny = true
+	if !q.probing && psnDiff(last, q.maxSent) >= 0 {
+		q.probing, q.probePSN, q.probeAt = true, last, q.dev.clock.Now()
+	}
 	if q.timeout > 0 && !q.timerArmed {
-		q.arm(q.timeout)
+		q.arm(q.rto())
 	}
 	return true
 }

@@ -85,6 +85,10 @@ type qp struct {
 	rnrPSN       uint32
 	timer        Timer
 	timerArmed   bool
+	srtt, rttvar time.Duration // measured round trip
+	probing      bool          // probePSN was sent at probeAt and not sent again
+	probePSN     uint32
+	probeAt      time.Time
 	timerAt      time.Time
 
 	// Receive queue: a ring of cap.MaxRecvWR slots; guarded by mu.

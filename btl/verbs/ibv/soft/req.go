@@ -59,13 +59,42 @@ func (q *qp) requesterInput(p *packet) {
 	}
 }
 
-// progress notes that the peer answered: the retry counters start over.
-func (q *qp) progress() {
+// progress notes that the peer answered for every PSN up to psn: the
+// retry counters start over, and an RTT sample is taken when the probe
+// packet is answered.
+func (q *qp) progress(psn uint32) {
 	q.retries = int(q.attr.RetryCnt)
 	q.rnrRetries = int(q.attr.RNRRetry)
-	q.lastProgress = q.dev.clock.Now()
+	now := q.dev.clock.Now()
+	q.lastProgress = now
 	q.gapSet = false
+	if q.probing && psnDiff(psn, q.probePSN) >= 0 {
+		q.probing = false
+		q.rttSample(now.Sub(q.probeAt))
+	}
 }
+
+// rttSample updates the smoothed round-trip time and its variation
+// (Jacobson's estimator, as TCP's RFC 6298).
+func (q *qp) rttSample(r time.Duration) {
+	if q.srtt == 0 {
+		q.srtt, q.rttvar = r, r/2
+		return
+	}
+	d := q.srtt - r
+	if d < 0 {
+		d = -d
+	}
+	q.rttvar += (d - q.rttvar) / 4
+	q.srtt += (r - q.srtt) / 8
+}
+
+// rto is the local ACK timeout in force: the QP's (4.096 us * 2^timeout,
+// at least Config.MinTimeout), or longer when the measured round trip
+// needs it (a software peer on a busy host answers a full window later
+// than the verbs value of a small timeout allows). It does not back off:
+// retry_cnt expiries of it end the request, as the verbs say.
+func (q *qp) rto() time.Duration { return max(q.timeout, q.srtt+4*q.rttvar) }
 
 // ackUpTo records that every PSN up to psn was executed and completes the
 // requests that finished, in order. A READ or atomic acknowledged by a
@@ -75,7 +104,7 @@ func (q *qp) ackUpTo(psn uint32) {
 	psn &= psnMask
 	if psnDiff(psn, q.ackPSN) > 0 && psnDiff(psn, q.maxSent) <= 0 {
 		q.ackPSN = psn
-		q.progress()
+		q.progress(psn)
 	}
 	q.completeDone()
 }
@@ -244,7 +273,7 @@ func (q *qp) response(p *packet) {
 		w.done = w.rdRcvd == w.npkts
 	}
 	q.ackPSN = exp
-	q.progress()
+	q.progress(exp)
 	if w.done {
 		q.rdOut--
 		q.completeDone()
@@ -295,7 +324,8 @@ func (q *qp) onTimer() {
 	}
 	if q.sqCount > 0 && (q.txIdx > 0 || q.txPkt > 0) && q.timeout > 0 {
 		el := now.Sub(q.lastProgress)
-		if el >= q.timeout {
+		to := q.rto()
+		if el >= to {
 			if q.retries == 0 {
 				q.failAt(q.oldestUnacked(), ibv.WCRetryExcErr)
 				q.mu.Unlock()
@@ -306,10 +336,11 @@ func (q *qp) onTimer() {
 			q.gapSet = false
 			q.goBack(q.oldestUnacked())
 			q.lastProgress = now
+			q.probing = false // Karn: no sample from a packet sent twice
 			kick = true
-			q.arm(q.timeout)
+			q.arm(q.rto())
 		} else {
-			q.arm(q.timeout - el)
+			q.arm(to - el)
 		}
 	}
 	q.mu.Unlock()

@@ -14,6 +14,7 @@ type txBatch struct {
 	parts [][]byte
 	pkts  []txPkt
 	max   int // most packets per batch
+	icrc  icrcScratch
 }
 
 // txPkt is one packet: parts[first:first+n], size bytes in all.
