@@ -103,6 +103,7 @@ type Engine struct {
 	troubled atomic.Bool
 	nfailed  int         // peers with failed set (guarded by mu)
 	queues   []sendQueue // by world rank: operations the transport refused (queue.go)
+	upper    upper       // the layers above: their btl tags and failure watchers (peerep.go)
 
 	spin        time.Duration
 	depth       int
@@ -167,6 +168,7 @@ func New(cfg Config) (*Engine, error) {
 	d.Register(btl.Tag(hdr.TypePut), e.onPut)
 	d.Register(btl.Tag(hdr.TypeFin), e.onFin)
 	d.OnPeerFailed(e.PeerFailed)
+	e.upper.register(d)
 	return e, nil
 }
 
@@ -285,7 +287,8 @@ func (e *Engine) Pending() int {
 // Abort fails every pending request with err and every later call.
 func (e *Engine) Abort(err error) {
 	e.mu.Lock()
-	if e.closed == nil {
+	first := e.closed == nil
+	if first {
 		e.closed = err
 		e.troubled.Store(true)
 	}
@@ -306,6 +309,9 @@ func (e *Engine) Abort(err error) {
 	}
 	e.mu.Unlock()
 	failQueued(queued, err)
+	if first {
+		e.upper.notify(-1, err)
+	}
 }
 
 // failLocked ends request r with err and gives back what it holds: its
@@ -372,6 +378,7 @@ func (e *Engine) PeerFailed(r int, err error) {
 	queued := e.failQueueLocked(r, nil)
 	e.mu.Unlock()
 	failQueued(queued, err)
+	e.upper.notify(r, err)
 }
 
 // protocolError reports a peer that broke the protocol: it is treated as failed.
