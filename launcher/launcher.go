@@ -108,10 +108,20 @@ type Config struct {
 	// this process, LaunchSlurm as the tasks of one srun inside the
 	// current Slurm allocation (see RunSlurmRank).
 	Launch string
-	// Self is the gorun executable srun starts on each node (it sets the
-	// rank's variables and runs PROGRAM: RunSlurmRank); empty means this
-	// process's executable.
+	// Self is the gorun executable srun or the launch agent starts on each
+	// node (RunSlurmRank, RunDaemon); empty means this process's
+	// executable, at the same path on every host.
 	Self string
+
+	// Hosts, when not empty, spreads the ranks over these hosts by slot
+	// (mapRanks) and starts one gorun daemon per host through Agent, a
+	// command that runs its arguments on the host named by its first
+	// argument ("ssh", the default; "ip netns exec" for network
+	// namespaces). The store then listens on every address of this host.
+	// PROGRAM must exist at the same path on every host; ranks' standard
+	// input is /dev/null.
+	Hosts []Host
+	Agent string
 }
 
 // Launch modes.
@@ -196,7 +206,18 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	var jobID [8]byte
 	rand.Read(secret[:])
 	rand.Read(jobID[:])
-	srv, err := store.NewServer(secret[:], cfg.NP)
+	var hostRanks [][]int
+	listen := "127.0.0.1:0"
+	if len(cfg.Hosts) > 0 {
+		if cfg.Launch == LaunchSlurm {
+			return ExitFailure, argErrorf("--host/--hostfile and the Slurm launcher exclude each other")
+		}
+		if hostRanks, err = mapRanks(cfg.Hosts, cfg.NP, cfg.Oversubscribe); err != nil {
+			return ExitFailure, err
+		}
+		listen = ":0"
+	}
+	srv, err := store.NewServerOn(secret[:], cfg.NP, listen)
 	if err != nil {
 		return ExitFailure, err
 	}
@@ -204,6 +225,7 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	srv.SetLogger(log.New(out, "gorun: store: ", 0))
 
 	env := baseEnv(os.Environ(), cfg.Env)
+	own := len(env) - len(cfg.Env) // env[own:] is what gorun adds: a host daemon's ranks get it
 	env = append(env,
 		EnvSize+"="+strconv.Itoa(cfg.NP),
 		EnvLocalSize+"="+strconv.Itoa(cfg.NP),
@@ -214,6 +236,13 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	if flagParams != "" {
 		env = append(env, EnvFlagParams+"="+flagParams)
 	}
+	perHost := cfg.NP // the most ranks on one host
+	if hostRanks != nil {
+		perHost = 0
+		for _, rs := range hostRanks {
+			perHost = max(perHost, len(rs))
+		}
+	}
 	if !hasVar(env, "GOMAXPROCS") {
 		// Each rank gets its share of the processors, as an MPI launcher
 		// binds ranks to cores: a rank's extra Go threads (a goroutine
@@ -222,9 +251,9 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 		// on 2 CPUs with -np 2 (GOMAXPROCS=1 against the default 2,
 		// docs/PERFORMANCE.md): sm bibw 64 KiB 13-18 -> 25 GB/s, sm 8 B
 		// rate 2.0 -> 2.9 M/s, tcp 8 B latency 3.6 -> 3.2 us.
-		env = append(env, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.GOMAXPROCS(0)/cfg.NP)))
+		env = append(env, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.GOMAXPROCS(0)/perHost)))
 	}
-	if cfg.NP > runtime.NumCPU() {
+	if perHost > runtime.NumCPU() {
 		env = append(env, EnvOversubscribed+"=1")
 		if !cfg.Oversubscribe {
 			out.printf("%d ranks on %d CPUs: oversubscribed, ranks will wait without spinning (--oversubscribe hides this notice)", cfg.NP, runtime.NumCPU())
@@ -239,15 +268,33 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	}
 
 	j := &job{cfg: cfg, out: out, srv: srv, exits: make(chan int, cfg.NP), lost: -1}
-	switch cfg.Launch {
-	case "", LaunchLocal:
+	switch {
+	case len(cfg.Hosts) > 0:
+		stores, err := storeAddrs(srv.Addr())
+		if err != nil {
+			return ExitFailure, err
+		}
+		if cfg.Verbose {
+			out.printf("ranks on hosts: %s; store reachable at %s", describeMap(cfg.Hosts, hostRanks), strings.Join(stores, " "))
+		}
+		denv := make([]string, 0, len(env)-own)
+		for _, kv := range env[own:] {
+			if k, _, _ := strings.Cut(kv, "="); k != EnvStore && k != EnvLocalSize {
+				denv = append(denv, kv)
+			}
+		}
+		if err := j.startDaemons(prog.path, denv, hostRanks, stores); err != nil {
+			j.abandon()
+			return ExitFailure, fmt.Errorf("start the host daemons: %w", err)
+		}
+	case cfg.Launch == "" || cfg.Launch == LaunchLocal:
 		for r := range cfg.NP {
 			if err := j.start(r, prog.path, env); err != nil {
 				j.abandon()
 				return ExitFailure, fmt.Errorf("start rank %d: %w", r, err)
 			}
 		}
-	case LaunchSlurm:
+	case cfg.Launch == LaunchSlurm:
 		if err := j.startSrun(prog.path, env); err != nil {
 			j.abandon()
 			return ExitFailure, fmt.Errorf("start srun: %w", err)
@@ -331,8 +378,9 @@ func baseEnv(environ, extra []string) []string {
 type rank struct {
 	cmd     *exec.Cmd
 	pid     int
-	covers  []int  // the job ranks it runs
-	name    string // "srun" for a launcher of ranks, else ""
+	covers  []int    // the job ranks it runs
+	name    string   // "srun" for a launcher of ranks, else ""
+	ctl     *os.File // a host daemon's control pipe (its standard input), or nil
 	exited  bool
 	outputs chan struct{} // receives once per forwarder that finished
 }
@@ -347,6 +395,7 @@ type job struct {
 	alive int
 
 	lost    int              // the first rank whose store connection ended before Finalize, or -1
+	byLost  bool             // failure was set from a Lost event: its code may still be refined
 	pipes   []*os.File       // read ends of the ranks' output pipes
 	failure *JobError        // the first failure, abort, timeout or cancellation
 	stage   stopStage        // how far stopping has gone
@@ -465,14 +514,22 @@ func (rk *rank) what() string {
 
 // pidOf returns the pid of the process that runs job rank r.
 func (j *job) pidOf(r int) int {
+	if rk := j.procOf(r); rk != nil {
+		return rk.pid
+	}
+	return 0
+}
+
+// procOf returns the process that runs job rank r, or nil.
+func (j *job) procOf(r int) *rank {
 	for _, rk := range j.ranks {
 		for _, c := range rk.covers {
 			if c == r {
-				return rk.pid
+				return rk
 			}
 		}
 	}
-	return 0
+	return nil
 }
 
 func isCharDevice(f *os.File) bool {
@@ -524,7 +581,10 @@ func (j *job) reap(i int) {
 	rk := j.ranks[i]
 	r := rk.covers[0]
 	signalGroup(rk.pid, syscall.SIGKILL) // whatever the rank left in its group
-	rk.cmd.Wait()                        // reaps; the status is in ProcessState
+	if rk.ctl != nil {
+		rk.ctl.Close()
+	}
+	rk.cmd.Wait() // reaps; the status is in ProcessState
 	rk.exited = true
 	j.alive--
 
@@ -563,6 +623,10 @@ func (j *job) reap(i int) {
 		}
 		if reason != "" && r < 0 {
 			r = rk.covers[0]
+		}
+		if j.byLost && code != 0 && j.failure != nil && j.procOf(j.failure.Rank) == rk {
+			// The launcher's status says more than "lost".
+			j.failure.Code, j.byLost = code, false
 		}
 		if reason == "" {
 			if j.cfg.Verbose {
@@ -612,6 +676,19 @@ func (j *job) event(ev store.Event) {
 		if j.cfg.Verbose {
 			j.out.printf("rank %d lost its store connection before Finalize", ev.Rank)
 		}
+		// gorun sees the end of its own children's ranks when it reaps
+		// them; the end of a rank that srun or a host daemon runs it
+		// learns here first.
+		rk := j.procOf(ev.Rank)
+		if rk == nil || rk.name == "" || j.failure != nil {
+			return
+		}
+		reason := "ended before calling Finalize (" + rk.name + " says how)"
+		j.srv.NotifyFailure(ev.Rank, reason)
+		j.failure = &JobError{Rank: ev.Rank, PID: rk.pid, Reason: reason, Code: ExitFailure}
+		j.byLost = true
+		j.out.printf("%v", j.failure)
+		j.stage, j.stageC = notified, time.After(j.cfg.Grace)
 	default:
 		if j.cfg.Verbose {
 			j.out.printf("rank %d %v", ev.Rank, ev.Kind)
@@ -681,9 +758,20 @@ func (j *job) forward(sig os.Signal) {
 
 func (j *job) signalAll(sig syscall.Signal) {
 	for _, rk := range j.ranks {
-		if !rk.exited {
-			signalGroup(rk.pid, sig)
+		if rk.exited {
+			continue
 		}
+		if rk.ctl != nil {
+			// A host daemon passes the signal on to its ranks; only
+			// SIGKILL ends the daemon (and, through ssh, the remote one
+			// sees its input end and stops its ranks).
+			fmt.Fprintf(rk.ctl, "signal %d\n", int(sig))
+			if sig != syscall.SIGKILL {
+				continue
+			}
+			rk.ctl.Close()
+		}
+		signalGroup(rk.pid, sig)
 	}
 }
 

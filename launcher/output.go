@@ -19,7 +19,8 @@ const maxLine = 1 << 20
 // gorun's own messages. Each Write it makes holds one or more whole lines, so
 // lines from different ranks never mix.
 type output struct {
-	tag bool
+	tag   bool
+	label bool // a host daemon's output: every line starts "RANK: " for gorun to read
 
 	mu     sync.Mutex // guards writes to stdout and stderr
 	stdout io.Writer
@@ -64,10 +65,15 @@ func (o *output) forward(r io.Reader, toStderr bool, rank int) {
 	}
 	var prefix []byte
 	relabel := false
-	if o.tag && rank >= 0 {
+	switch {
+	case o.label:
+		prefix = []byte(strconv.Itoa(rank) + ": ")
+	case rank < 0:
+		// A launcher's lines (srun --label, a host daemon): "N: text"
+		// becomes "[N] text", or "text" without tagging.
+		relabel = true
+	case o.tag:
 		prefix = []byte("[" + strconv.Itoa(rank) + "] ")
-	} else if o.tag {
-		relabel = true // a launcher's lines: "N: text" becomes "[N] text"
 	}
 	br := bufio.NewReaderSize(r, 64<<10)
 	var line []byte // the current line, prefix included
@@ -80,7 +86,7 @@ func (o *output) forward(r io.Reader, toStderr bool, rank int) {
 			line = append(line, '\n')
 		}
 		if relabel {
-			line = relabelLine(line)
+			line = relabelLine(line, o.tag)
 		}
 		o.mu.Lock()
 		w.Write(line)
@@ -113,7 +119,7 @@ func (o *output) forward(r io.Reader, toStderr bool, rank int) {
 		}
 		// EOF, or the pipe was closed under us: flush the partial line. When
 		// tagging, end it so that the next line's tag starts a line.
-		emit(o.tag)
+		emit(o.tag || o.label)
 		if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrClosed) {
 			o.printf("rank %d: reading output: %v", rank, err)
 		}
@@ -121,9 +127,10 @@ func (o *output) forward(r io.Reader, toStderr bool, rank int) {
 	}
 }
 
-// relabelLine rewrites a line that srun --label wrote, " 3: text", as
-// gorun tags lines, "[3] text"; other lines are returned as they are.
-func relabelLine(line []byte) []byte {
+// relabelLine rewrites a line that srun --label or a host daemon wrote,
+// " 3: text", as gorun tags lines, "[3] text", or without tag as "text";
+// other lines are returned as they are.
+func relabelLine(line []byte, tag bool) []byte {
 	i := 0
 	for i < len(line) && line[i] == ' ' {
 		i++
@@ -134,6 +141,9 @@ func relabelLine(line []byte) []byte {
 	}
 	if i == d || i+1 >= len(line) || line[i] != ':' || line[i+1] != ' ' {
 		return line
+	}
+	if !tag {
+		return line[i+2:]
 	}
 	out := make([]byte, 0, len(line)+1)
 	out = append(out, '[')

@@ -39,9 +39,7 @@ func (j *job) startSrun(path string, env []string) error {
 		}
 	}
 	args := []string{"--ntasks=" + strconv.Itoa(j.cfg.NP), "--kill-on-bad-exit=1", "--mpi=none", "--input=0"}
-	if j.cfg.TagOutput {
-		args = append(args, "--label")
-	}
+	args = append(args, "--label") // gorun turns the labels into its tags, or strips them
 	if j.cfg.Oversubscribe {
 		args = append(args, "--oversubscribe", "--overcommit")
 	}

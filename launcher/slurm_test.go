@@ -35,6 +35,6 @@ func TestRelabelLine(t *testing.T) {
 		"3:x\n":         "3:x\n",
 		": a\n":         ": a\n",
 	} {
-		require.Equal(t, want, string(relabelLine([]byte(in))))
+		require.Equal(t, want, string(relabelLine([]byte(in), true)))
 	}
 }

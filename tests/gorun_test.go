@@ -96,9 +96,15 @@ type running struct {
 // start starts gorun with args; the job is killed when timeout passes.
 func start(t *testing.T, timeout time.Duration, env []string, args ...string) *running {
 	t.Helper()
+	return startCmd(t, timeout, env, prog("gorun"), args...)
+}
+
+// startCmd is start for any command (gorun behind a wrapper).
+func startCmd(t *testing.T, timeout time.Duration, env []string, name string, args ...string) *running {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	r := &running{t: t, ctx: ctx, cancel: cancel, args: args, changed: make(chan struct{})}
-	r.cmd = exec.CommandContext(ctx, prog("gorun"), args...)
+	r.cmd = exec.CommandContext(ctx, name, args...)
 	r.cmd.Env = append(os.Environ(), env...)
 	var err error
 	r.stdin, err = r.cmd.StdinPipe()

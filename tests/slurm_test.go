@@ -90,8 +90,10 @@ func TestSlurm(t *testing.T) {
 	t.Run("gorun-in-allocation/failing-rank", func(t *testing.T) {
 		out, code := slurm(t, nil, "salloc", "-n", "2", prog("gorun"), "-np", "2", "--grace", "500ms", prog("failer"), "exit", "3")
 		require.NotEqual(t, 0, code, out)
-		require.Contains(t, out, "gorun: rank 1 (pid ")
-		require.Contains(t, out, "srun exited with status")
+		// Rank 1's store connection ends before srun's status comes:
+		// gorun names the rank and leaves the details to srun.
+		require.Regexp(t, `gorun: rank 1 \(pid \d+\) (ended before calling Finalize|srun exited with status)`, out)
+		require.Contains(t, out, "task 1: Exited with exit code 3")
 		require.Empty(t, progProcs("failer"))
 	})
 }

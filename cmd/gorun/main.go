@@ -33,6 +33,10 @@ import (
 const exitUsage = 2
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == launcher.DaemonFlag {
+		// The daemon of one host of a job on several hosts.
+		os.Exit(launcher.RunDaemon(os.Stdin, os.Stdout, os.Stderr))
+	}
 	if len(os.Args) > 1 && os.Args[1] == launcher.SlurmRankFlag {
 		// One rank of a job that gorun started with srun.
 		err := launcher.RunSlurmRank(os.Args[2:])
@@ -87,6 +91,10 @@ package path (built first). Flags after PROGRAM belong to the program.
       --stats                 ranks report statistics (GOMPI_STATS=1)
       --verbose               print launch progress (GOMPI_VERBOSE=1)
       --oversubscribe         allow more ranks than CPUs without a notice
+      --host LIST             run on these hosts: a,b (one slot each), a:4 (four slots)
+      --hostfile FILE         hosts from a file: "name [slots=N]" per line (Open MPI's format)
+      --launch-agent CMD      runs gorun's daemon on a host: CMD HOST gorun --daemon
+                              (default: ssh; e.g. "ip netns exec" for network namespaces)
       --launcher MODE         how ranks start: local, slurm (one srun step), or auto
                               (default: slurm inside a Slurm allocation, else local)
       --grace DURATION        time between failure notice, SIGTERM and SIGKILL (default 2s)
@@ -166,6 +174,9 @@ func newFlagSet(params *paramList) *pflag.FlagSet {
 	fs.Bool("oversubscribe", false, "allow more ranks than CPUs")
 	fs.Duration("grace", launcher.DefaultGrace, "stop step interval")
 	fs.String("launcher", "auto", "local, slurm or auto")
+	fs.String("host", "", "hosts")
+	fs.String("hostfile", "", "hostfile")
+	fs.String("launch-agent", launcher.DefaultAgent, "launch agent")
 	fs.String("pgo", "", "profile for go build -pgo")
 	fs.BoolP("help", "h", false, "help")
 	return fs
@@ -220,6 +231,23 @@ func parseArgs(args []string, lookupEnv func(string) (string, bool)) (cfg launch
 	default:
 		return cfg, false, fmt.Errorf("--launcher %q: want local, slurm or auto", l)
 	}
+	if h, _ := fs.GetString("host"); h != "" {
+		if cfg.Hosts, err = launcher.ParseHosts(h); err != nil {
+			return cfg, false, err
+		}
+	}
+	if hf, _ := fs.GetString("hostfile"); hf != "" {
+		if cfg.Hosts != nil {
+			return cfg, false, errors.New("--host and --hostfile exclude each other")
+		}
+		if cfg.Hosts, err = launcher.ReadHostfile(hf); err != nil {
+			return cfg, false, err
+		}
+	}
+	if cfg.Hosts != nil && !fs.Changed("launcher") {
+		cfg.Launch = launcher.LaunchLocal
+	}
+	cfg.Agent, _ = fs.GetString("launch-agent")
 	xs, _ := fs.GetStringArray("x")
 	for _, x := range xs {
 		name, _, hasValue := strings.Cut(x, "=")

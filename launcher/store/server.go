@@ -9,6 +9,7 @@ import (
 	"log"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -122,13 +123,20 @@ type serverConn struct {
 // authenticates every connection with secret. It listens on an ephemeral TCP
 // port of 127.0.0.1; Addr tells which. The caller must Close it.
 func NewServer(secret []byte, size int) (*Server, error) {
+	return NewServerOn(secret, size, "127.0.0.1:0")
+}
+
+// NewServerOn is NewServer listening on listen (host:port; ":0" for an
+// ephemeral port on every address, as gorun does for a job on several
+// hosts).
+func NewServerOn(secret []byte, size int, listen string) (*Server, error) {
 	if len(secret) == 0 {
 		return nil, mpierr.Errorf(mpierr.ErrArg, "store: empty secret")
 	}
 	if size < 1 {
 		return nil, mpierr.Errorf(mpierr.ErrArg, "store: job size %d < 1", size)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("store: listen: %w", err)
 	}
@@ -297,6 +305,12 @@ func (s *Server) serve(conn net.Conn) {
 	conn.SetDeadline(time.Now().Add(handshakeTimeout))
 	rank, err := serverHandshake(conn, s.secret, rand.Reader, s.admit)
 	if err != nil {
+		if errors.Is(err, io.EOF) && strings.HasPrefix(err.Error(), "read hello: ") {
+			// Closed before sending a byte (io.ReadFull's EOF; a
+			// partial hello is ErrUnexpectedEOF): a probe, such as a
+			// host daemon checking that it can reach the store.
+			return
+		}
 		s.logf("dropped connection from %s: handshake: %v", conn.RemoteAddr(), err)
 		return
 	}
