@@ -11,6 +11,7 @@ import (
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/btl/btltest"
 	"github.com/gompi-org/gompi/btl/verbs/ibv"
+	"github.com/gompi-org/gompi/btl/verbs/ibv/soft"
 	"github.com/gompi-org/gompi/btl/verbs/internal/loopib"
 	"github.com/gompi-org/gompi/internal/params"
 )
@@ -94,5 +95,23 @@ func TestConformanceLoop(t *testing.T) {
 	t.Run("small ring", func(t *testing.T) {
 		btltest.Run(t, suitePeers(loopProviders, connectFast, [2]string{"btl_verbs_max_send_size", "8k"},
 			[2]string{"btl_verbs_eager_limit", "1k"}, [2]string{paramRingSize, "1"}, [2]string{paramQueueDepth, "16"}, [2]string{paramCredits, "5"}))
+	})
+}
+
+// softProviders gives each rank its own soft device (a free loopback
+// address each), as separate processes on one host have.
+func softProviders(cfg soft.Config) func() func(int) ibv.Provider {
+	return func() func(int) ibv.Provider {
+		return func(int) ibv.Provider { return soft.New(cfg) }
+	}
+}
+
+func TestConformanceSoft(t *testing.T) {
+	t.Run("defaults", func(t *testing.T) { btltest.Run(t, suitePeers(softProviders(soft.Config{}), connectFast)) })
+	t.Run("one credit", func(t *testing.T) {
+		btltest.Run(t, suitePeers(softProviders(soft.Config{}), connectFast, [2]string{paramCredits, "1"}))
+	})
+	t.Run("lossy", func(t *testing.T) {
+		btltest.Run(t, suitePeers(softProviders(soft.Config{Drop: 0.02, Reorder: 0.02, Dup: 0.01, Seed: 7}), connectFast))
 	})
 }

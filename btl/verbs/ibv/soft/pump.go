@@ -225,7 +225,6 @@ func (q *qp) buildRequest() bool {
 	}
 	if q.sentAny && psnDiff(psn, q.maxSent) <= 0 {
 		q.dev.ctr.retrans.Add(1)
-		q.probing = false
 	}
 	p := packet{bth: bth{psn: psn}}
 	k := int(q.txPkt)

@@ -86,7 +86,7 @@ type qp struct {
 	timer        Timer
 	timerArmed   bool
 	srtt, rttvar time.Duration // measured round trip
-	probing      bool          // probePSN was sent at probeAt and not sent again
+	probing      bool          // probePSN was first sent at probeAt
 	probePSN     uint32
 	probeAt      time.Time
 	timerAt      time.Time

@@ -75,7 +75,11 @@ func (q *qp) progress(psn uint32) {
 }
 
 // rttSample updates the smoothed round-trip time and its variation
-// (Jacobson's estimator, as TCP's RFC 6298).
+// (Jacobson's estimator, as TCP's RFC 6298). Samples run from a packet's
+// first transmission, also when it was sent again (unlike Karn's rule):
+// that can only overestimate, and it lets the estimate grow out of a
+// timeout shorter than the round trip, which would otherwise retransmit
+// every probe before its answer came.
 func (q *qp) rttSample(r time.Duration) {
 	if q.srtt == 0 {
 		q.srtt, q.rttvar = r, r/2
@@ -336,7 +340,6 @@ func (q *qp) onTimer() {
 			q.gapSet = false
 			q.goBack(q.oldestUnacked())
 			q.lastProgress = now
-			q.probing = false // Karn: no sample from a packet sent twice
 			kick = true
 			q.arm(q.rto())
 		} else {

@@ -1,0 +1,5 @@
+//go:build rdmacore && linux && cgo
+
+package verbs
+
+import _ "github.com/gompi-org/gompi/btl/verbs/ibv/rdmacore"
