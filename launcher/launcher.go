@@ -217,9 +217,21 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 		}
 		listen = ":0"
 	}
+	if cfg.Launch == LaunchSlurm {
+		listen = ":0" // srun may place ranks on other nodes of the allocation
+	}
 	srv, err := store.NewServerOn(secret[:], cfg.NP, listen)
 	if err != nil {
 		return ExitFailure, err
+	}
+	storeAddr := srv.Addr()
+	if listen == ":0" {
+		addrs, err := storeAddrs(srv.Addr())
+		if err != nil {
+			srv.Close()
+			return ExitFailure, err
+		}
+		storeAddr = addrs[0] // non-loopback first
 	}
 	defer srv.Close()
 	srv.SetLogger(log.New(out, "gorun: store: ", 0))
@@ -230,7 +242,7 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 		EnvSize+"="+strconv.Itoa(cfg.NP),
 		EnvLocalSize+"="+strconv.Itoa(cfg.NP),
 		EnvJobID+"="+hex.EncodeToString(jobID[:]),
-		EnvStore+"="+srv.Addr(),
+		EnvStore+"="+storeAddr,
 		EnvSecret+"="+hex.EncodeToString(secret[:]),
 	)
 	if flagParams != "" {

@@ -244,3 +244,49 @@ func TestDialRejectsBadEnvironment(t *testing.T) {
 	require.Error(t, err)
 	require.False(t, errors.Is(err, pmi.ErrNotFound))
 }
+
+// TestWireUpManyRanks: 256 ranks on 16 nodes join, publish and read
+// their neighbours' values; local ranks follow the mapping.
+func TestWireUpManyRanks(t *testing.T) {
+	for _, v := range []int{1, 2} {
+		t.Run(fmt.Sprintf("version=%d", v), func(t *testing.T) {
+			const size = 256
+			srv := pmitest.NewServer(size)
+			srv.Mapping = "(vector,(0,16,16))"
+			defer srv.Close()
+			jobs := joinAll(t, srv, size, v, nil)
+			ctx := testCtx(t)
+			var wg sync.WaitGroup
+			errs := make([]error, size)
+			for r, j := range jobs {
+				require.Equal(t, r%16, j.LocalRank)
+				require.Equal(t, 16, j.LocalSize)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					errs[r] = func() error {
+						if err := j.Store.Set(fmt.Sprintf("addr.%d", r), []byte{byte(r), byte(r >> 8)}); err != nil {
+							return err
+						}
+						if err := j.Fence(ctx, "wireup"); err != nil {
+							return err
+						}
+						p := (r + 1) % size
+						b, err := j.Store.Get(ctx, fmt.Sprintf("addr.%d", p))
+						if err != nil {
+							return err
+						}
+						if !bytes.Equal(b, []byte{byte(p), byte(p >> 8)}) {
+							return fmt.Errorf("rank %d read %x for rank %d", r, b, p)
+						}
+						return nil
+					}()
+				}()
+			}
+			wg.Wait()
+			for r, err := range errs {
+				require.NoError(t, err, "rank %d", r)
+			}
+		})
+	}
+}
