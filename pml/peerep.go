@@ -200,13 +200,20 @@ func (e *Engine) PeerQueued(w int) bool {
 // wake is signalled. Whoever makes done true must then signal wake (a
 // channel of capacity 1, whose tokens merge). size is the largest
 // message the wait is for, which in-process ranks weigh to choose
-// whether to spin (btl.Spinner.SpinFor). It returns nil once done holds,
-// or ctx.Err() when ctx ends first; ctx may be nil.
+// whether to spin (btl.Spinner.SpinFor); a negative size says that what
+// the wait is for does not come through their hand-offs, and they do not
+// spin for it. It returns nil once done holds, or ctx.Err() when ctx ends
+// first; ctx may be nil.
 func (e *Engine) Await(ctx context.Context, size int, done func() bool, wake chan struct{}) error {
 	if done() {
 		return nil
 	}
-	if e.spinWait(done, size, false) {
+	if size < 0 && !e.poll.active() {
+		e.Progress()
+		if done() {
+			return nil
+		}
+	} else if e.spinWait(done, max(size, 0), false) {
 		return nil
 	}
 	if e.inbox != nil {

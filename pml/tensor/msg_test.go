@@ -22,6 +22,8 @@ func samples() []message {
 		&notifyMsg{entries: []notifyEntry{{index: 1, via: viaPut}, {index: 2, via: viaInline, hasSum: true, sum: 0xdeadbeef, inline: []byte("abc")},
 			{index: 3, via: viaMessage}, {index: 4, via: viaNone, hasSum: true}}},
 		&errorMsg{index: 5, text: "invalid dtype 99"},
+		&errorMsg{index: 6, text: "loss is NaN", class: classAborted},
+		&errorMsg{index: 7, text: "closed", class: classClosed},
 		&cancelMsg{indices: []uint32{1, 2, 3}},
 		&cancelMsg{cancelled: true, indices: []uint32{4}},
 		&abortMsg{text: "boom"},
@@ -98,6 +100,8 @@ func TestDecodeRejects(t *testing.T) {
 		"re no meta":   (&requestMsg{re: true, entries: []reqEntry{{index: 1, name: "x"}}}).appendBody([]byte{wireVersion, byte(kindReRequest)}),
 		"via":          {wireVersion, byte(kindNotify), 1, 1, 9, 0},
 		"index > u32":  binary.AppendUvarint([]byte{wireVersion, byte(kindError)}, 1<<33),
+		"error class":  {wireVersion, byte(kindError), 1, 1, 'x', byte(classCount)},
+		"no class":     {wireVersion, byte(kindError), 1, 1, 'x'},
 	}
 	for name, b := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -167,4 +171,47 @@ func TestPrepare(t *testing.T) {
 			t.Errorf("prepare(%+v) = %v", c.t, err)
 		}
 	}
+}
+
+// TestFragmentHeaders: the part header round-trips; headers of the wrong
+// size or with a bad flag are ErrBadMessage.
+func TestFragmentHeaders(t *testing.T) {
+	for _, h := range []partHdr{{ctx: 1, id: 2}, {ctx: 0xffffffff, id: 0xfffffffe, last: true}} {
+		b := h.append(nil)
+		got, n, err := decodePartHdr(b)
+		if err != nil || n != len(b) || got != h {
+			t.Fatalf("part header %+v: decoded %+v, %d, %v", h, got, n, err)
+		}
+	}
+	for _, b := range [][]byte{nil, make([]byte, partHdrLen-1), make([]byte, partHdrLen+1), append(make([]byte, partHdrLen-1), 2)} {
+		if _, _, err := decodePartHdr(b); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("decodePartHdr(%x) = %v, want ErrBadMessage", b, err)
+		}
+	}
+	ctx, n, err := decodeMsgHdr([]byte{1, 2, 3, 4})
+	if err != nil || n != msgHdrLen || ctx != 0x04030201 {
+		t.Fatalf("message header: %#x, %d, %v", ctx, n, err)
+	}
+	for _, b := range [][]byte{nil, {1, 2, 3}, {1, 2, 3, 4, 5}} {
+		if _, _, err := decodeMsgHdr(b); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("decodeMsgHdr(%x) = %v, want ErrBadMessage", b, err)
+		}
+	}
+}
+
+// FuzzFragmentHeaders: no header makes the decoders panic, and an
+// accepted part header encodes back to the same bytes.
+func FuzzFragmentHeaders(f *testing.F) {
+	f.Add(partHdr{ctx: 3, id: 9, last: true}.append(nil))
+	f.Add([]byte{1, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if h, n, err := decodePartHdr(b); err == nil {
+			if n != len(b) || !bytes.Equal(h.append(nil), b) {
+				t.Fatalf("part header %x does not round-trip", b)
+			}
+		}
+		if _, n, err := decodeMsgHdr(b); err == nil && n != len(b) {
+			t.Fatalf("message header: used %d of %d bytes", n, len(b))
+		}
+	})
 }

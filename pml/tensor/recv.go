@@ -26,7 +26,7 @@ type recvReq struct {
 	transport string
 
 	done   func(Tensor, error) // RecvAsync's callback, or
-	ch     chan result         // Recv's channel
+	w      *recvWaiter         // Recv's waiter
 	told   bool                // the caller has its outcome (or gave up)
 	queued bool                // its request waits in a batch, unsent
 	sentRe bool                // a TENSOR_RE_REQUEST went out
@@ -42,13 +42,14 @@ func (rq *recvReq) releaseReg() {
 }
 
 // start validates a receive, allocates its destination when the
-// meta-data is cached, and sends (or batches) its TENSOR_REQUEST.
-func (r *Rendezvous) start(step int64, name string, src int, done func(Tensor, error), ch chan result) (*recvReq, error) {
+// meta-data is cached, and sends (or batches) its TENSOR_REQUEST. size is
+// the content's expected size (0 when unknown), for the wait.
+func (r *Rendezvous) start(step int64, name string, src int, done func(Tensor, error), w *recvWaiter) (rq *recvReq, size int, err error) {
 	if err := checkName(name); err != nil {
-		return nil, fmt.Errorf("tensor: recv: %w", mpierr.Errorf(mpierr.ErrArg, "%v", err))
+		return nil, 0, fmt.Errorf("tensor: recv: %w", mpierr.Errorf(mpierr.ErrArg, "%v", err))
 	}
 	if src < 0 || src >= r.size {
-		return nil, mpierr.Errorf(mpierr.ErrRank, "tensor: source %d not in 0..%d", src, r.size-1)
+		return nil, 0, mpierr.Errorf(mpierr.ErrRank, "tensor: source %d not in 0..%d", src, r.size-1)
 	}
 	var out outbox
 	r.mu.Lock()
@@ -58,13 +59,13 @@ func (r *Rendezvous) start(step int64, name string, src int, done func(Tensor, e
 	}()
 	switch {
 	case r.aborted != nil:
-		return nil, r.aborted
+		return nil, 0, r.aborted
 	case r.closed:
-		return nil, ErrClosed
+		return nil, 0, ErrClosed
 	case r.peerErr[src] != nil:
-		return nil, r.peerErr[src]
+		return nil, 0, r.peerErr[src]
 	}
-	rq := &recvReq{idx: r.nextIdx, src: src, key: key{step, name}, done: done, ch: ch}
+	rq = &recvReq{idx: r.nextIdx, src: src, key: key{step, name}, done: done, w: w}
 	r.nextIdx++
 	if r.nextIdx == 0 {
 		r.nextIdx = 1
@@ -82,8 +83,12 @@ func (r *Rendezvous) start(step int64, name string, src int, done func(Tensor, e
 		r.st.misses.Add(1)
 	}
 	r.st.requests.Add(1)
-	r.requestLocked(rq, e, false, &out)
-	return rq, nil
+	if done != nil {
+		r.async.Add(1)
+		r.wakePump() // it polls while RecvAsyncs pend
+	}
+	r.requestLocked(rq, e, false, w != nil, &out)
+	return rq, int(rq.m.bytes), nil
 }
 
 // destLocked allocates rq's destination for m and registers it with the
@@ -119,21 +124,32 @@ func (r *Rendezvous) destLocked(rq *recvReq, m meta) {
 }
 
 // requestLocked sends a TENSOR_REQUEST or TENSOR_RE_REQUEST entry, or
-// queues it in the source's batch.
-func (r *Rendezvous) requestLocked(rq *recvReq, e reqEntry, re bool, out *outbox) {
-	if !r.cfg.batching {
+// queues it in the source's batch. now: the entry goes at once (a Recv's,
+// which waits for it anyway), and the source's batch with it.
+func (r *Rendezvous) requestLocked(rq *recvReq, e reqEntry, re, now bool, out *outbox) {
+	b := &r.batch[rq.src]
+	if !r.cfg.batching || now && len(b.req)+len(b.re) == 0 {
 		out.msg(rq.src, &requestMsg{re: re, entries: []reqEntry{e}})
 		return
 	}
-	b := &r.batch[rq.src]
 	if re {
 		b.re = append(b.re, e)
 	} else {
 		b.req = append(b.req, e)
 	}
 	rq.queued = true
+	if now {
+		r.flushLocked(rq.src, out)
+		return
+	}
+	r.batched.Store(true)
+	r.wakePump()
+}
+
+// wakePump rings the progress goroutine.
+func (r *Rendezvous) wakePump() {
 	select {
-	case r.flush <- struct{}{}:
+	case r.kick <- struct{}{}:
 	default:
 	}
 }
@@ -143,33 +159,66 @@ type pendingBatch struct {
 	req, re []reqEntry
 }
 
-// flusher sends the batched requests (WithBatching): requests made while
-// it sends one batch form the next.
-func (r *Rendezvous) flusher() {
+// pump is the rendezvous's progress goroutine. It sends the batched
+// requests (requests made while it sends one batch form the next) and,
+// while RecvAsync receives are pending, waits in the PML as a Recv does,
+// polling the transports, so that their answers are handled as soon as
+// they arrive even when the program's goroutines wait elsewhere (on the
+// callbacks' channel). Otherwise it sleeps on kick.
+func (r *Rendezvous) pump() {
+	defer close(r.pumpDone)
+	e := r.pc.Engine()
+	idle := func() bool { return r.async.Load() == 0 || r.batched.Load() || r.stopped() }
 	for {
 		select {
 		case <-r.stop:
 			return
-		case <-r.flush:
+		case <-r.kick:
 		}
-		var out outbox
-		r.mu.Lock()
-		for p := range r.batch {
-			b := &r.batch[p]
-			r.splitLocked(p, b.req, false, &out)
-			r.splitLocked(p, b.re, true, &out)
-			b.req, b.re = nil, nil
+		for !r.stopped() {
+			if r.batched.Load() {
+				var out outbox
+				r.mu.Lock()
+				r.batched.Store(false)
+				for p := range r.batch {
+					r.flushLocked(p, &out)
+				}
+				r.mu.Unlock()
+				r.run(&out)
+			}
+			if r.async.Load() == 0 {
+				break
+			}
+			e.Await(nil, -1, idle, r.kick)
 		}
-		r.mu.Unlock()
-		r.run(&out)
 	}
 }
 
-// splitLocked turns a batch into messages of at most maxMessage bytes.
+// stopped reports whether Close began.
+func (r *Rendezvous) stopped() bool {
+	select {
+	case <-r.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// flushLocked sends the batched requests to p.
+func (r *Rendezvous) flushLocked(p int, out *outbox) {
+	b := &r.batch[p]
+	r.splitLocked(p, b.req, false, out)
+	r.splitLocked(p, b.re, true, out)
+	b.req, b.re = nil, nil
+}
+
+// splitLocked turns a batch into messages that each fit in one fragment
+// to p (and in maxMessage bytes).
 func (r *Rendezvous) splitLocked(p int, es []reqEntry, re bool, out *outbox) {
+	limit := r.msgMax(p)
 	for len(es) > 0 {
 		n, size := 0, 16
-		for n < len(es) && (n == 0 || size+es[n].size() <= maxMessage) {
+		for n < len(es) && (n == 0 || size+es[n].size() <= limit) {
 			size += es[n].size()
 			if rq := r.reqs[es[n].index]; rq != nil {
 				rq.queued = false
@@ -223,14 +272,20 @@ func (r *Rendezvous) tellLocked(rq *recvReq, t Tensor, err error, out *outbox) {
 		return
 	}
 	rq.told = true
-	if rq.ch != nil {
-		ch := rq.ch
-		out.tells = append(out.tells, func() { ch <- result{t, err} })
+	if rq.w != nil {
+		w := rq.w
+		out.tells = append(out.tells, func() { w.tell(t, err) })
 		return
+	}
+	if r.async.Add(-1) == 0 {
+		r.wakePump() // nothing more to poll for
 	}
 	done := rq.done
 	out.tells = append(out.tells, func() { done(t, err) })
 }
+
+// msgMax is the largest control message to p that goes in one fragment.
+func (r *Rendezvous) msgMax(p int) int { return min(maxMessage, r.fragMax[p]-msgHdrLen) }
 
 // finishLocked removes rq: its registration is released (a proxy goes
 // back to the pool) and, when its caller did not get it, its destination
@@ -281,7 +336,7 @@ func (r *Rendezvous) onMetaLocked(peer int, m *metaMsg, out *outbox) {
 		rq.sentRe = true
 		r.st.reRequests.Add(1)
 		r.requestLocked(rq, reqEntry{index: rq.idx, step: rq.key.step, name: rq.key.name, hasMeta: true, meta: e.meta,
-			handle: rq.handle, transport: rq.transport}, true, out)
+			handle: rq.handle, transport: rq.transport}, true, rq.w != nil, out)
 	}
 }
 
@@ -406,7 +461,21 @@ func (r *Rendezvous) onErrorLocked(peer int, m *errorMsg, out *outbox) {
 	}
 	r.st.errors.Add(1)
 	r.finishLocked(rq)
-	r.tellLocked(rq, Tensor{}, fmt.Errorf("tensor %q step %d from rank %d: %w: %s", rq.key.name, rq.key.step, peer, ErrRemote, m.text), out)
+	err := fmt.Errorf("tensor %q step %d from rank %d: %w: %s", rq.key.name, rq.key.step, peer, ErrRemote, m.text)
+	switch m.class {
+	case classAborted:
+		err = fmt.Errorf("%w (%w)", err, mpi.ErrAborted)
+	case classClosed:
+		err = fmt.Errorf("%w (%w)", err, ErrClosed)
+	}
+	r.tellLocked(rq, Tensor{}, err, out)
+	if m.class == classAborted && r.aborted == nil {
+		// The sender's rendezvous is aborted, so this one is: its ABORT
+		// (or the aborting rank's) may come after this answer, which was
+		// sent on another goroutine, but the calls made from now on fail
+		// as it would make them.
+		r.abortLocked(fmt.Errorf("tensor: rank %d's rendezvous is aborted: %s: %w", peer, m.text, mpi.ErrAborted), out)
+	}
 }
 
 // onCancelled: the sender dropped these requests; nothing will be written.

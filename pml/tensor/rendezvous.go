@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -32,12 +33,10 @@ var (
 	ErrDuplicate = errors.New("tensor: tensor already sent")
 )
 
-// Tags of the private communicator.
-const (
-	tagControl  = 1 // every control message
-	tagSentinel = 2 // never sent: a receive of it from a peer ends only when the peer fails
-	dataTagBase = 1 << 29
-)
+// dataTagBase: a content that travels as a separate MPI message (the
+// transport cannot put) has this tag on the private communicator, with
+// the request index in the low bits.
+const dataTagBase = 1 << 29
 
 // dataTag is the tag of a content that travels as a separate message.
 func dataTag(index uint32) int { return dataTagBase | int(index&(dataTagBase-1)) }
@@ -62,11 +61,15 @@ type config struct {
 // Recv with ErrChecksum. Give every rank the same setting.
 func WithChecksum(on bool) Option { return func(c *config) { c.checksum = on } }
 
-// WithBatching turns request batching on or off (default off): requests
-// to one source made while an earlier batch is being sent travel together
-// in one TENSOR_REQUEST (and the sender notifies the writes of a batch
-// with one message), which pays when a step receives hundreds of small
-// tensors. A request waits at most for the batch before it.
+// WithBatching turns the batching of RecvAsync's requests on or off
+// (default on). On, RecvAsync leaves its request with the rendezvous's
+// progress goroutine, which sends the requests made meanwhile to one
+// source together in one TENSOR_REQUEST as soon as it runs (the sender
+// then notifies the writes of a batch with one message): hundreds of
+// small tensors per step cost a few messages. A request waits only for
+// that goroutine to be scheduled, never for a timer, and a Recv sends its
+// own request, with the batch to its source, at once. Off, every request
+// is sent within its call.
 func WithBatching(on bool) Option { return func(c *config) { c.batching = on } }
 
 // Stats are a rank's counters. Control messages are TENSOR_REQUEST,
@@ -122,6 +125,17 @@ type Rendezvous struct {
 	rank int
 	size int
 
+	ctx     uint32      // the private communicator's context id: names this rendezvous in fragments
+	hdr     []byte      // a whole message's fragment header (the context id), read only
+	toComm  map[int]int // world rank -> rank of the communicator (read only)
+	fragMax []int       // by rank: the largest fragment the transport to it sends (read only)
+	msgID   atomic.Uint32
+	async   atomic.Int64  // RecvAsync receives not told yet (changed under mu)
+	batched atomic.Bool   // requests wait in a batch (changed under mu)
+	partMu  sync.Mutex    // guards parts
+	parts   map[partKey][]byte
+	stopW   func()        // ends the PML's failure watch
+
 	mu sync.Mutex // guards every field below, up to st
 	// Sender side.
 	table   map[key]*sent
@@ -138,24 +152,23 @@ type Rendezvous struct {
 	peerErr []error // by rank: why requests to and from it fail (dead, closed)
 	aborted error
 	closed  bool
-	wild    [2]*mpi.Request // the loop's posted control receives (the loop knows which is older)
-	wildMem [2][]byte       // their buffers, maxMessage bytes each
-	sentry  []*mpi.Request  // the loop's sentinel receives, by rank
 
 	sendMu sync.Mutex     // guards sends
-	sends  []*mpi.Request // control sends not known to be complete
+	sends  []*mpi.Request // content sends (MPI messages) not known to be complete
 
 	st       counters
-	flush    chan struct{} // capacity 1: a batch waits (WithBatching)
+	kick     chan struct{} // capacity 1: wakes the progress goroutine (a batch waits, RecvAsyncs pend, Close)
 	stop     chan struct{} // closed by Close
-	loopDone chan struct{}
+	pumpDone chan struct{}
 }
 
 // New makes the rendezvous of the calling rank over c. It is collective:
-// every rank of c calls it (it duplicates c, so its messages never meet
-// the program's). Close releases it.
+// every rank of c calls it (it duplicates c, whose context id names the
+// rendezvous's fragments, and synchronizes once on the duplicate, so that
+// no rank's first request reaches a rank that is not ready). Close
+// releases it.
 func New(c *mpi.Comm, opts ...Option) (*Rendezvous, error) {
-	var cfg config
+	cfg := config{batching: true}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -174,20 +187,35 @@ func New(c *mpi.Comm, opts ...Option) (*Rendezvous, error) {
 		return nil, fmt.Errorf("tensor: %w", err)
 	}
 	r := &Rendezvous{
-		cfg: cfg, comm: dup, pc: pc, rank: dup.Rank(), size: dup.Size(),
+		cfg: cfg, comm: dup, pc: pc, rank: dup.Rank(), size: dup.Size(), ctx: pc.Context(),
+		toComm: make(map[int]int, dup.Size()), fragMax: make([]int, dup.Size()), parts: map[partKey][]byte{},
 		table: map[key]*sent{}, waiting: map[key][]*resp{}, resps: map[respKey]*resp{},
 		reqs: map[uint32]*recvReq{}, nextIdx: 1, cache: map[cacheKey]meta{},
 		batch: make([]pendingBatch, dup.Size()), proxies: map[btl.Module][]*proxyBuf{},
-		peerErr: make([]error, dup.Size()), sentry: make([]*mpi.Request, dup.Size()),
-		flush: make(chan struct{}, 1), stop: make(chan struct{}), loopDone: make(chan struct{}),
+		peerErr: make([]error, dup.Size()),
+		kick:    make(chan struct{}, 1), stop: make(chan struct{}), pumpDone: make(chan struct{}),
 	}
-	if err := r.postReceives(); err != nil {
-		dup.Free()
+	r.hdr = binary.LittleEndian.AppendUint32(nil, r.ctx)
+	e := pc.Engine()
+	for p := 0; p < r.size; p++ {
+		w := pc.World(p)
+		r.toComm[w] = p
+		if ep := e.PeerEndpoint(w); ep != nil {
+			l := ep.Module().Limits()
+			r.fragMax[p] = max(l.EagerLimit, l.MaxSendSize)
+		}
+		if r.fragMax[p] <= partHdrLen {
+			dup.Free()
+			return nil, fmt.Errorf("tensor: the transport to rank %d sends fragments of %d bytes: too small for control messages", p, r.fragMax[p])
+		}
+	}
+	d := demuxOf(e)
+	d.set(r.ctx, r)
+	r.stopW = e.WatchPeers(r.onFailure)
+	go r.pump()
+	if err := dup.Barrier(); err != nil {
+		r.Close()
 		return nil, fmt.Errorf("tensor: %w", err)
-	}
-	go r.loop()
-	if cfg.batching {
-		go r.flusher()
 	}
 	return r, nil
 }
@@ -269,33 +297,60 @@ func (r *Rendezvous) Recv(ctx context.Context, step int64, name string, src int)
 	if err := ctx.Err(); err != nil {
 		return Tensor{}, err
 	}
-	ch := make(chan result, 1)
-	rq, err := r.start(step, name, src, nil, ch)
+	w := &recvWaiter{wake: make(chan struct{}, 1)}
+	rq, size, err := r.start(step, name, src, nil, w)
 	if err != nil {
 		return Tensor{}, err
 	}
-	select {
-	case res := <-ch:
-		return res.t, res.err
-	case <-ctx.Done():
+	// This goroutine polls the transports for the answer (and handles
+	// whatever control messages they bring), as a plain Recv does.
+	e := r.pc.Engine()
+	wctx := ctx
+	if ctx.Done() == nil {
+		wctx = nil // never ends: no watch needed
+	}
+	if err := e.Await(wctx, size, w.ready, w.wake); err != nil {
 		if r.cancel(rq) {
-			return Tensor{}, ctx.Err()
+			return Tensor{}, err
 		}
-		res := <-ch
-		return res.t, res.err
+		e.Await(nil, size, w.ready, w.wake) // the outcome came first: it is being told
+	}
+	return w.res.t, w.res.err
+}
+
+// recvWaiter is where a Recv's outcome goes: res, then done, then a token
+// on wake.
+type recvWaiter struct {
+	res  result
+	done atomic.Bool
+	wake chan struct{}
+}
+
+func (w *recvWaiter) ready() bool { return w.done.Load() }
+
+func (w *recvWaiter) tell(t Tensor, err error) {
+	w.res = result{t, err}
+	w.done.Store(true)
+	select {
+	case w.wake <- struct{}{}:
+	default:
 	}
 }
 
 // RecvAsync is Recv without waiting: done is called once with the tensor
 // or the error. It may be called before RecvAsync returns (an argument
-// error, a closed rendezvous) and otherwise runs on the rendezvous's own
-// goroutine, so it must not block: in particular it must not call Recv
-// or Close.
+// error, a closed rendezvous); otherwise it runs where the answer is
+// handled: on a goroutine that polls the transports (the rendezvous's
+// progress goroutine, which polls while RecvAsyncs are pending, or any
+// MPI call of this process waiting meanwhile) or on the goroutine of an
+// in-process peer. So done must be short and must not block: it must not
+// call Recv, Close or blocking MPI operations (RecvAsync, Send and
+// Recycle are fine). Requests are batched (WithBatching).
 func (r *Rendezvous) RecvAsync(step int64, name string, src int, done func(Tensor, error)) {
 	if done == nil {
 		done = func(Tensor, error) {}
 	}
-	if _, err := r.start(step, name, src, done, nil); err != nil {
+	if _, _, err := r.start(step, name, src, done, nil); err != nil {
 		done(Tensor{}, err)
 	}
 }
@@ -351,12 +406,12 @@ func (r *Rendezvous) abortLocked(err error, out *outbox) {
 	clear(r.table)
 	for k, ws := range r.waiting {
 		for _, rs := range ws {
-			r.answerErrorLocked(rs, err.Error(), out)
+			r.answerErrorLocked(rs, classAborted, err.Error(), out)
 		}
 		delete(r.waiting, k)
 	}
 	for _, rs := range r.resps {
-		r.answerErrorLocked(rs, err.Error(), out)
+		r.answerErrorLocked(rs, classAborted, err.Error(), out)
 	}
 }
 
@@ -394,16 +449,13 @@ func (r *Rendezvous) Close() error {
 			out.msg(p, &abortMsg{closed: true})
 		}
 	}
-	posted := append([]*mpi.Request{r.wild[0], r.wild[1]}, r.sentry...)
 	r.mu.Unlock()
 	r.run(&out)
+	demuxOf(r.pc.Engine()).set(r.ctx, nil)
+	r.stopW()
 	close(r.stop)
-	for _, q := range posted {
-		if q != nil {
-			q.Cancel()
-		}
-	}
-	<-r.loopDone
+	r.wakePump()
+	<-r.pumpDone
 	r.mu.Lock()
 	for idx, rq := range r.reqs {
 		rq.releaseReg()
@@ -454,8 +506,7 @@ func (r *Rendezvous) run(o *outbox) {
 	}
 }
 
-// send encodes m and sends it to peer as a control message. A send that
-// fails is ignored here: a dead peer is noticed by the loop's sentinel.
+// send encodes m and sends it to peer as a control message.
 func (r *Rendezvous) send(peer int, m message) {
 	b := encode(m)
 	switch m.kind() {
@@ -464,11 +515,7 @@ func (r *Rendezvous) send(peer int, m message) {
 	default:
 		r.st.control.Add(1)
 	}
-	q, err := r.comm.Isend(b, peer, tagControl)
-	if err != nil {
-		return
-	}
-	r.track(q)
+	r.sendBytes(peer, b)
 }
 
 // track keeps a send request until it is seen complete, so that none is

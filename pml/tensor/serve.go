@@ -36,10 +36,10 @@ func (r *Rendezvous) onRequestLocked(peer int, m *requestMsg, out *outbox) {
 		rs := &resp{peer: peer, idx: e.index, key: key{e.step, e.name}, req: e}
 		switch {
 		case r.aborted != nil:
-			r.answerErrorLocked(rs, r.aborted.Error(), out)
+			r.answerErrorLocked(rs, classAborted, r.aborted.Error(), out)
 			continue
 		case r.closed:
-			r.answerErrorLocked(rs, ErrClosed.Error(), out)
+			r.answerErrorLocked(rs, classClosed, ErrClosed.Error(), out)
 			continue
 		}
 		if _, dup := r.resps[rk]; dup {
@@ -63,7 +63,7 @@ func (r *Rendezvous) onRequestLocked(peer int, m *requestMsg, out *outbox) {
 func (r *Rendezvous) matchLocked(rs *resp, s *sent, out *outbox) {
 	rs.s = s
 	if s.err != nil {
-		r.answerErrorLocked(rs, s.err.Error(), out)
+		r.answerErrorLocked(rs, classRequest, s.err.Error(), out)
 		return
 	}
 	if rs.req.hasMeta && rs.req.meta.equal(s.m) {
@@ -84,11 +84,11 @@ func (r *Rendezvous) matchLocked(rs *resp, s *sent, out *outbox) {
 func (r *Rendezvous) onReRequestLocked(rk respKey, e reqEntry, out *outbox) {
 	rs := r.resps[rk]
 	if rs == nil || !rs.metaSent {
-		r.answerErrorLocked(&resp{peer: rk.peer, idx: rk.idx}, fmt.Sprintf("TENSOR_RE_REQUEST %d without a META_DATA_RESPONSE", rk.idx), out)
+		r.answerErrorLocked(&resp{peer: rk.peer, idx: rk.idx}, classRequest, fmt.Sprintf("TENSOR_RE_REQUEST %d without a META_DATA_RESPONSE", rk.idx), out)
 		return
 	}
 	if !e.meta.equal(rs.s.m) {
-		r.answerErrorLocked(rs, fmt.Sprintf("TENSOR_RE_REQUEST for %v, the tensor is %v", e.meta, rs.s.m), out)
+		r.answerErrorLocked(rs, classRequest, fmt.Sprintf("TENSOR_RE_REQUEST for %v, the tensor is %v", e.meta, rs.s.m), out)
 		return
 	}
 	rs.req = e
@@ -97,10 +97,10 @@ func (r *Rendezvous) onReRequestLocked(rk respKey, e reqEntry, out *outbox) {
 }
 
 // answerErrorLocked fails a request with ERROR_STATUS.
-func (r *Rendezvous) answerErrorLocked(rs *resp, text string, out *outbox) {
+func (r *Rendezvous) answerErrorLocked(rs *resp, class errClass, text string, out *outbox) {
 	delete(r.resps, respKey{rs.peer, rs.idx})
 	r.st.errors.Add(1)
-	out.msg(rs.peer, &errorMsg{index: rs.idx, text: text})
+	out.msg(rs.peer, &errorMsg{index: rs.idx, text: text, class: class})
 }
 
 // onCancelLocked drops requests the requester gave up, answering
@@ -167,7 +167,7 @@ func (r *Rendezvous) write(rss []*resp) {
 			continue
 		}
 		n := notes[rs.peer]
-		if n == nil || size[rs.peer]+len(ne.inline)+32 > maxMessage {
+		if n == nil || size[rs.peer]+len(ne.inline)+32 > r.msgMax(rs.peer) {
 			if n != nil {
 				r.send(rs.peer, n)
 			}
@@ -198,14 +198,18 @@ func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
 	ep := r.endpoint(rs.peer)
 	if rs.req.handle != nil && ep != nil && ep.Module().Caps()&btl.CapPut != 0 && ep.Module().Name() == rs.req.transport {
 		ne.via = viaPut
-		done, err := ep.Put(content, rs.req.handle, 0, func(err error) {
-			go r.putDone(rs, ne, err)
+		// Through the PML's queue: a put the transport refuses for now
+		// (btl.ErrWouldBlock) is posted again from progress, and the
+		// control messages sent after it wait behind it.
+		done, err := r.pc.Engine().PeerPut(r.pc.World(rs.peer), content, rs.req.handle, 0, func(err error) {
+			r.putDone(rs, ne, err)
 		})
 		if err == nil {
 			r.st.puts.Add(1)
 			return ne, done
 		}
-		// The transport refused the handle: the content goes as a message.
+		// The transport refused the handle (or the peer is gone): the
+		// content goes as a message.
 	}
 	r.st.msgContents.Add(1)
 	if len(content) <= inlineMax {
@@ -220,7 +224,8 @@ func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
 }
 
 // putDone notifies a put that completed after its call, or fails the
-// request when the put failed.
+// request when the put failed. It runs as the put's completion, on
+// whichever goroutine the transport (or the PML's queue) completes it.
 func (r *Rendezvous) putDone(rs *resp, ne notifyEntry, err error) {
 	if err != nil {
 		r.st.errors.Add(1)

@@ -1,0 +1,340 @@
+package tensor
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/mpi"
+	"github.com/gompi-org/gompi/pml"
+)
+
+// Control messages travel as btl fragments of the rendezvous's tag range
+// (0x60-0x6f), on the endpoint the PML uses for the peer and through the
+// PML's queue of refused operations (pml.Engine.PeerSend), so that they
+// keep their order with each other and with the puts. They are handled
+// where the transport delivers them: on whichever goroutine polls it (a
+// Recv waiting for its tensor, any other waiting MPI call, the PML's
+// background poller) or, between in-process ranks, on the sender's. No
+// goroutine of the rendezvous stands between a fragment and its handling.
+//
+// A fragment names the rendezvous by the context id of its private
+// communicator (the same on every rank), so several rendezvous share one
+// engine. A message larger than what the transport sends in one fragment
+// goes in parts, which carry a message id of the sender; parts of one
+// message arrive in order (one goroutine sends them on one ordered
+// endpoint), parts of messages sent by different goroutines may
+// interleave.
+const (
+	// tagMessage: one whole control message. Header: u32 context id.
+	tagMessage = TagImmediate + 1
+	// tagPart: a part of a control message. Header: u32 context id, u32
+	// message id, u8 last (1 on the message's last part, else 0).
+	tagPart = TagImmediate + 2
+)
+
+const (
+	msgHdrLen  = 4
+	partHdrLen = 9
+	// maxParted bounds the messages from one peer being reassembled at
+	// once (each at most maxMessage bytes).
+	maxParted = 16
+)
+
+// partHdr is a tagPart fragment's header.
+type partHdr struct {
+	ctx, id uint32
+	last    bool
+}
+
+func (h partHdr) append(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint32(b, h.ctx)
+	b = binary.LittleEndian.AppendUint32(b, h.id)
+	return append(b, boolByte(h.last))
+}
+
+// decodePartHdr parses a tagPart header that fills b.
+func decodePartHdr(b []byte) (partHdr, int, error) {
+	if len(b) != partHdrLen {
+		return partHdr{}, 0, fmt.Errorf("%w: part header of %d bytes (want %d)", ErrBadMessage, len(b), partHdrLen)
+	}
+	h := partHdr{ctx: binary.LittleEndian.Uint32(b), id: binary.LittleEndian.Uint32(b[4:])}
+	switch b[8] {
+	case 0:
+	case 1:
+		h.last = true
+	default:
+		return partHdr{}, 0, fmt.Errorf("%w: part header's last flag is %d", ErrBadMessage, b[8])
+	}
+	return h, partHdrLen, nil
+}
+
+// decodeMsgHdr parses a tagMessage header that fills b: the context id.
+func decodeMsgHdr(b []byte) (uint32, int, error) {
+	if len(b) != msgHdrLen {
+		return 0, 0, fmt.Errorf("%w: message header of %d bytes (want %d)", ErrBadMessage, len(b), msgHdrLen)
+	}
+	return binary.LittleEndian.Uint32(b), msgHdrLen, nil
+}
+
+// demux routes an engine's control fragments to its rendezvous by context
+// id. One per engine (pml.Engine.Attach).
+type demux struct {
+	mu sync.Mutex                            // serializes changes of m
+	m  atomic.Pointer[map[uint32]*Rendezvous] // replaced whole (copy on write): lookups take no lock
+}
+
+type demuxKey struct{}
+
+// demuxOf returns e's demux, installing its handlers on first use.
+func demuxOf(e *pml.Engine) *demux {
+	return e.Attach(demuxKey{}, func() any {
+		d := &demux{}
+		d.m.Store(&map[uint32]*Rendezvous{})
+		e.SetUpperHandler(tagMessage, d.onMessage)
+		e.SetUpperHandler(tagPart, d.onPart)
+		return d
+	}).(*demux)
+}
+
+func (d *demux) set(ctx uint32, r *Rendezvous) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := *d.m.Load()
+	m := make(map[uint32]*Rendezvous, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	if r == nil {
+		delete(m, ctx)
+	} else {
+		m[ctx] = r
+	}
+	d.m.Store(&m)
+}
+
+func (d *demux) lookup(ctx uint32) *Rendezvous { return (*d.m.Load())[ctx] }
+
+// onMessage takes a whole control message. A fragment that names no
+// rendezvous of this rank is late traffic of a closed one: dropped.
+func (d *demux) onMessage(ep btl.Endpoint, hdr, data []byte) {
+	ctx, _, err := decodeMsgHdr(hdr)
+	if err != nil {
+		return // nothing names the rendezvous it was meant for
+	}
+	if r := d.lookup(ctx); r != nil {
+		if p, ok := r.toComm[ep.Peer()]; ok {
+			r.handle(p, data)
+		}
+	}
+}
+
+// onPart takes a part of a control message.
+func (d *demux) onPart(ep btl.Endpoint, hdr, data []byte) {
+	if len(hdr) < msgHdrLen {
+		return
+	}
+	r := d.lookup(binary.LittleEndian.Uint32(hdr))
+	if r == nil {
+		return
+	}
+	p, ok := r.toComm[ep.Peer()]
+	if !ok {
+		return
+	}
+	h, _, err := decodePartHdr(hdr)
+	if err != nil {
+		r.reject(p, err)
+		return
+	}
+	if msg, err := r.assemble(p, h, data); err != nil {
+		r.reject(p, err)
+	} else if msg != nil {
+		r.handle(p, msg)
+	}
+}
+
+// partKey names a message being reassembled.
+type partKey struct {
+	peer int
+	id   uint32
+}
+
+// assemble adds a part from peer; it returns the whole message once its
+// last part is in.
+func (r *Rendezvous) assemble(peer int, h partHdr, data []byte) ([]byte, error) {
+	r.partMu.Lock()
+	defer r.partMu.Unlock()
+	k := partKey{peer, h.id}
+	buf, ok := r.parts[k]
+	if !ok {
+		n := 0
+		for pk := range r.parts {
+			if pk.peer == peer {
+				n++
+			}
+		}
+		if n >= maxParted {
+			return nil, fmt.Errorf("%w: more than %d parted messages at once", ErrBadMessage, maxParted)
+		}
+	}
+	if len(buf)+len(data) > maxMessage {
+		delete(r.parts, k)
+		return nil, fmt.Errorf("%w: parted message beyond %d bytes", ErrBadMessage, maxMessage)
+	}
+	buf = append(buf, data...)
+	if h.last {
+		delete(r.parts, k)
+		return buf, nil
+	}
+	r.parts[k] = buf
+	return nil, nil
+}
+
+// sendBytes sends one encoded control message to peer: in one fragment
+// when it fits the transport's, else in parts. A send that fails is the
+// end of the exchange with that peer (it failed, or the engine closed).
+func (r *Rendezvous) sendBytes(peer int, b []byte) {
+	w := r.pc.World(peer)
+	e := r.pc.Engine()
+	limit := r.fragMax[peer]
+	var err error
+	if msgHdrLen+len(b) <= limit {
+		_, err = e.PeerSend(w, tagMessage, r.hdr, b, sendDone)
+	} else {
+		id := r.msgID.Add(1)
+		step := limit - partHdrLen
+		var hdr [partHdrLen]byte
+		for off := 0; off < len(b) && err == nil; off += step {
+			end := min(off+step, len(b))
+			h := partHdr{ctx: r.ctx, id: id, last: end == len(b)}
+			_, err = e.PeerSend(w, tagPart, h.append(hdr[:0]), b[off:end], sendDone)
+		}
+	}
+	if err != nil {
+		r.sendFailed(peer, err)
+	}
+}
+
+// sendDone is the completion of a control send: nothing waits for it (a
+// failed peer is reported by the PML's watch).
+func sendDone(error) {}
+
+// sendFailed: a control message to peer could not be sent; receives
+// from peer fail with err.
+func (r *Rendezvous) sendFailed(peer int, err error) {
+	if debug {
+		fmt.Printf("rank %d -> %d: send failed: %v\n", r.rank, peer, err)
+	}
+	var out outbox
+	r.mu.Lock()
+	if errors.Is(err, mpi.ErrProcFailed) {
+		r.peerGoneLocked(peer, peerFailure(peer, err), &out)
+	} else {
+		r.peerGoneLocked(peer, fmt.Errorf("tensor: send a control message to rank %d: %w", peer, err), &out)
+	}
+	out.msgs = nil // nothing more goes to it
+	r.mu.Unlock()
+	r.run(&out)
+}
+
+// onFailure is the PML's failure watch: world rank w failed, or (w -1)
+// the engine was aborted or closed under the rendezvous.
+func (r *Rendezvous) onFailure(w int, err error) {
+	if w < 0 {
+		r.fatal(err)
+		return
+	}
+	p, ok := r.toComm[w]
+	if !ok || p == r.rank {
+		return
+	}
+	var out outbox
+	r.mu.Lock()
+	if !r.closed {
+		r.peerGoneLocked(p, peerFailure(p, err), &out)
+	}
+	out.msgs = nil
+	r.mu.Unlock()
+	r.run(&out)
+}
+
+// fatal: the engine under the rendezvous failed (the job was aborted, or
+// finalized): everything pending fails with err.
+func (r *Rendezvous) fatal(err error) {
+	var out outbox
+	r.mu.Lock()
+	r.fatalLocked(err, &out)
+	r.mu.Unlock()
+	r.run(&out)
+}
+
+func (r *Rendezvous) fatalLocked(err error, out *outbox) {
+	if r.aborted == nil && !r.closed {
+		r.abortLocked(fmt.Errorf("tensor: communicator failed: %w", err), out)
+	}
+	out.msgs = nil // the engine carries nothing more
+}
+
+// reject cuts peer off after a malformed fragment or message, and tells
+// it why, so that its receives from this rank fail too.
+func (r *Rendezvous) reject(peer int, err error) {
+	var out outbox
+	r.mu.Lock()
+	r.peerGoneLocked(peer, fmt.Errorf("tensor: rank %d sent a bad control message: %w", peer, err), &out)
+	out.msg(peer, &abortMsg{closed: true, text: fmt.Sprintf("rank %d rejected a control message: %v", r.rank, err)})
+	r.mu.Unlock()
+	r.run(&out)
+}
+
+// handle decodes and dispatches one control message from peer. b is
+// valid only during the call (decoding copies what is kept).
+func (r *Rendezvous) handle(peer int, b []byte) {
+	m, _, err := decode(b)
+	if debug {
+		fmt.Printf("rank %d <- %d: %T %+v %v\n", r.rank, peer, m, m, err)
+	}
+	if err != nil {
+		r.reject(peer, err)
+		return
+	}
+	var out outbox
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	switch m := m.(type) {
+	case *requestMsg:
+		r.onRequestLocked(peer, m, &out)
+	case *metaMsg:
+		r.onMetaLocked(peer, m, &out)
+	case *notifyMsg:
+		r.onNotifyLocked(peer, m, &out)
+	case *errorMsg:
+		r.onErrorLocked(peer, m, &out)
+	case *cancelMsg:
+		if m.cancelled {
+			r.onCancelledLocked(peer, m)
+		} else {
+			r.onCancelLocked(peer, m, &out)
+		}
+	case *abortMsg:
+		if m.closed {
+			why := "closed its rendezvous"
+			if m.text != "" {
+				why = m.text
+			}
+			r.peerGoneLocked(peer, fmt.Errorf("%w: rank %d: %s", ErrClosed, peer, why), &out)
+		} else if r.aborted == nil {
+			r.abortLocked(fmt.Errorf("tensor: rank %d aborted the rendezvous: %s: %w", peer, m.text, mpi.ErrAborted), &out)
+		}
+	}
+	r.mu.Unlock()
+	r.run(&out)
+}
+
+var debug = false
