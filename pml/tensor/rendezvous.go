@@ -130,11 +130,11 @@ type Rendezvous struct {
 	toComm  map[int]int // world rank -> rank of the communicator (read only)
 	fragMax []int       // by rank: the largest fragment the transport to it sends (read only)
 	msgID   atomic.Uint32
-	async   atomic.Int64  // RecvAsync receives not told yet (changed under mu)
-	batched atomic.Bool   // requests wait in a batch (changed under mu)
-	partMu  sync.Mutex    // guards parts
+	async   atomic.Int64 // RecvAsync receives not told yet (changed under mu)
+	batched atomic.Bool  // requests wait in a batch (changed under mu)
+	partMu  sync.Mutex   // guards parts
 	parts   map[partKey][]byte
-	stopW   func()        // ends the PML's failure watch
+	stopW   func() // ends the PML's failure watch
 
 	mu sync.Mutex // guards every field below, up to st
 	// Sender side.

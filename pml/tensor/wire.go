@@ -83,7 +83,7 @@ func decodeMsgHdr(b []byte) (uint32, int, error) {
 // demux routes an engine's control fragments to its rendezvous by context
 // id. One per engine (pml.Engine.Attach).
 type demux struct {
-	mu sync.Mutex                            // serializes changes of m
+	mu sync.Mutex                             // serializes changes of m
 	m  atomic.Pointer[map[uint32]*Rendezvous] // replaced whole (copy on write): lookups take no lock
 }
 
