@@ -110,3 +110,33 @@ func TestRunUsageExitCodes(t *testing.T) {
 		t.Errorf("--help: exit %d, stdout %q", code, out.String())
 	}
 }
+
+func TestParseLaunchFlags(t *testing.T) {
+	noSlurm := lookup(map[string]string{})
+	cfg, _, err := parseArgs([]string{"-np", "3", "--host", "a:2,b", "--launch-agent", "ip netns exec", "./prog"}, noSlurm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Hosts) != 2 || cfg.Hosts[0].Name != "a" || cfg.Hosts[0].Slots != 2 || cfg.Hosts[1].Slots != 1 ||
+		cfg.Agent != "ip netns exec" || cfg.Launch != "local" {
+		t.Errorf("hosts %+v agent %q launch %q", cfg.Hosts, cfg.Agent, cfg.Launch)
+	}
+	cfg, _, err = parseArgs([]string{"-np", "1", "./prog"}, noSlurm)
+	if err != nil || cfg.Launch != "local" || cfg.Agent != "ssh" {
+		t.Errorf("default launch %q agent %q: %v", cfg.Launch, cfg.Agent, err)
+	}
+	cfg, _, err = parseArgs([]string{"-np", "1", "--launcher", "slurm", "./prog"}, noSlurm)
+	if err != nil || cfg.Launch != "slurm" {
+		t.Errorf("--launcher slurm: %q %v", cfg.Launch, err)
+	}
+	for _, bad := range [][]string{
+		{"-np", "1", "--launcher", "pbs", "./prog"},
+		{"-np", "1", "--host", "a:0", "./prog"},
+		{"-np", "1", "--host", "a", "--hostfile", "/nonexistent", "./prog"},
+		{"-np", "1", "--hostfile", "/nonexistent", "./prog"},
+	} {
+		if _, _, err := parseArgs(bad, noSlurm); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}

@@ -140,11 +140,9 @@ func (c *Client) init(ctx context.Context, getenv func(string) string, byPort bo
 		if _, err := strconv.Atoi(id); err != nil {
 			return fmt.Errorf("pmi: %s=%q is not a number", EnvID, id)
 		}
-		m, err := c.request(ctx, false, "initack", "initack", "pmiid", id)
-		if err != nil {
+		if _, err := c.request(ctx, false, "initack", "initack", "pmiid", id); err != nil {
 			return err
 		}
-		_ = m
 		got := map[string]string{}
 		for len(got) < 3 {
 			m, err := c.readLocked(ctx, false)
