@@ -110,7 +110,10 @@ func newOptions(opts []Option) *options {
 // communicator, waits for all, and returns errors.Join of the ranks'
 // errors (each prefixed with its rank). A rank whose body returns an error
 // or panics aborts the others' pending and later calls (ErrAborted), so a
-// failing rank never leaves the rest hanging. Run is independent of
+// failing rank never leaves the rest hanging; with the enable_recovery
+// parameter it dies alone instead: the others' operations naming it fail
+// with ErrProcFailed, as when a process of a gorun --enable-recovery job
+// dies (see FailureAck). Run is independent of
 // Init/Finalize and may be called many times, also concurrently.
 func Run(n int, body func(world *Comm) error, opts ...Option) error {
 	if n <= 0 {
@@ -160,6 +163,16 @@ func Run(n int, body func(world *Comm) error, opts ...Option) error {
 			return err
 		}
 	}
+	// With enable_recovery a failing rank dies alone (ft.go).
+	recovery := ps.Bool("enable_recovery")
+	die := func(r int, err error) {
+		insts[r].engine.Abort(mpierr.Errorf(mpierr.ErrProcFailed, "rank %d died: %v", r, err))
+		for i, in := range insts {
+			if i != r {
+				in.engine.PeerFailed(r, mpierr.Errorf(mpierr.ErrProcFailed, "rank %d died: %v", r, err))
+			}
+		}
+	}
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for r := 0; r < n; r++ {
@@ -170,12 +183,18 @@ func Run(n int, body func(world *Comm) error, opts ...Option) error {
 			defer func() {
 				if p := recover(); p != nil {
 					errs[r] = fmt.Errorf("rank %d: panic: %v\n%s", r, p, debug.Stack())
+					if recovery {
+						die(r, fmt.Errorf("panic: %v", p))
+						return
+					}
 					abortAll(1, mpierr.Errorf(mpierr.ErrAborted, "rank %d panicked", r))
 				}
 			}()
 			if err := body(in.world); err != nil {
 				errs[r] = fmt.Errorf("rank %d: %w", r, err)
-				if !errors.Is(err, ErrAborted) {
+				if recovery && !errors.Is(err, ErrAborted) {
+					die(r, err)
+				} else if !errors.Is(err, ErrAborted) {
 					abortAll(1, mpierr.Errorf(mpierr.ErrAborted, "rank %d failed: %v", r, err))
 				}
 			}

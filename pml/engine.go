@@ -358,7 +358,9 @@ func (e *Engine) PeerFailed(r int, err error) {
 	e.logf("pml: rank %d failed: %v", r, err)
 	var fail []*Request
 	for id, q := range e.reqs {
-		if q.peerWorld == r {
+		if q.peerWorld == r || q.kind == kindSend && q.tag < 0 && q.comm.has(r) {
+			// (A send of an internal tag belongs to an operation of the
+			// whole group, which fails: ft.go.)
 			fail = append(fail, q)
 			delete(e.reqs, id)
 		}
@@ -368,7 +370,7 @@ func (e *Engine) PeerFailed(r int, err error) {
 		if !ok {
 			continue
 		}
-		fail = c.m.drainSource(cr, fail)
+		fail = e.commPeerFailedLocked(c, cr, fail)
 	}
 	for _, q := range fail {
 		e.failLocked(q, err)
@@ -404,6 +406,11 @@ type Comm struct {
 	seqs   []procSeq
 	m      *matchState // guarded by e.mu
 	freed  atomic.Bool
+	// failed lists the ranks of c whose process failed, in the order the
+	// failures became known; the first nacked of them are acknowledged
+	// (FailureAck). Both guarded by e.mu (ft.go).
+	failed []int
+	nacked int
 }
 
 type procSeq struct {
@@ -486,6 +493,7 @@ func (e *Engine) NewComm(ctx uint32, rank int, group []int) (*Comm, error) {
 		e.mu.Unlock()
 		return nil, mpierr.Errorf(mpierr.ErrComm, "context %d in use", ctx)
 	}
+	c.noteFailedLocked()
 	e.comms[ctx] = c
 	delete(e.reserved, ctx)
 	if ctx >= e.nextCtx {

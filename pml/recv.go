@@ -259,6 +259,9 @@ func (e *Engine) arrive(c *Comm, f *frag, copied bool) {
 // match delivers an in-sequence fragment to the earliest-posted matching
 // receive, completing probes on the way, or queues it as unexpected.
 func (e *Engine) match(c *Comm, f *frag, copied bool) {
+	if e.dropsFromFailedLocked(f) {
+		return
+	}
 	src, tag := int(f.m.Src), int(f.m.Tag)
 	for {
 		r := c.m.findPosted(src, tag)
@@ -835,10 +838,15 @@ func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind
 		e.mu.Unlock()
 		return nil, err
 	}
-	if src != AnySource {
-		if p := e.peers[c.group[src]].Load(); p != nil && p.failed != nil {
+	var f *frag
+	if len(c.failed) == 0 || tag >= AnyTag {
+		f = c.m.findUnexpected(src, tag)
+	}
+	if f == nil && len(c.failed) != 0 {
+		// A rank of c failed: see ft.go for who may still post.
+		if err := c.recvFailureLocked(src, tag); err != nil {
 			e.mu.Unlock()
-			return nil, p.failed
+			return nil, err
 		}
 	}
 	if r == nil {
@@ -846,7 +854,7 @@ func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind
 		r.setRecv(kind, c, src, tag, b, conv)
 		r.sink = sink // before it can match
 	}
-	if f := c.m.findUnexpected(src, tag); f != nil {
+	if f != nil {
 		switch kind {
 		case kindProbe:
 			r.complete(Status{Source: int(f.m.Src), Tag: int(f.m.Tag), Count: f.msgLen}, nil)
@@ -900,6 +908,11 @@ func (c *Comm) Iprobe(src, tag int) (Status, bool, error) {
 	if f := c.m.findUnexpected(src, tag); f != nil {
 		return Status{Source: int(f.m.Src), Tag: int(f.m.Tag), Count: f.msgLen}, true, nil
 	}
+	if len(c.failed) != 0 {
+		if err := c.recvFailureLocked(src, tag); err != nil {
+			return Status{}, false, err
+		}
+	}
 	return Status{}, false, nil
 }
 
@@ -930,8 +943,12 @@ func (c *Comm) Improbe(src, tag int) (*Request, Status, bool, error) {
 	}
 	f := c.m.findUnexpected(src, tag)
 	if f == nil {
+		var err error
+		if len(c.failed) != 0 {
+			err = c.recvFailureLocked(src, tag)
+		}
 		e.mu.Unlock()
-		return nil, Status{}, false, nil
+		return nil, Status{}, false, err
 	}
 	c.m.removeUnexpected(f)
 	e.mu.Unlock()

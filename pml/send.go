@@ -47,7 +47,7 @@ func (c *Comm) Send(buf Buffer, dest, tag int, mode Mode) error {
 	return err
 }
 
-func (c *Comm) target(dest int) (*peer, error) {
+func (c *Comm) target(dest, tag int) (*peer, error) {
 	e := c.e
 	p := e.peers[c.group[dest]].Load()
 	if p == nil || p.ep == nil {
@@ -59,6 +59,9 @@ func (c *Comm) target(dest int) (*peer, error) {
 		err := p.failed
 		if err == nil {
 			err = e.closed
+		}
+		if err == nil && tag < 0 && len(c.failed) != 0 {
+			err = c.groupFailure() // an operation of the whole group (ft.go)
 		}
 		e.mu.Unlock()
 		if err != nil {
@@ -100,7 +103,7 @@ func (c *Comm) sendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (r *R
 	if mode == Synchronous || mode == Buffered || conv != nil {
 		return nil, false, nil
 	}
-	p, err := c.target(dest)
+	p, err := c.target(dest, tag)
 	if err != nil {
 		if err == errQueued {
 			return nil, false, nil // startSend queues it
@@ -203,7 +206,7 @@ func (e *Engine) count(p Protocol, n int) {
 // fragment.
 func (c *Comm) startSend(r *Request, buf Buffer, dest, tag int, mode Mode, release func()) error {
 	e := c.e
-	p, err := c.target(dest)
+	p, err := c.target(dest, tag)
 	if err != nil && err != errQueued { // queued: the sends below queue behind
 		return err
 	}

@@ -91,6 +91,7 @@ type Server struct {
 	failures []Failure            // guarded by mu: every NotifyFailure so far, for late joiners
 	abort    *Event               // guarded by mu: the first abort request
 	closed   bool                 // guarded by mu
+	recovery bool                 // guarded by mu: fences complete without failed ranks (SetRecovery)
 }
 
 // waiter is one Get or Wait request blocked on missing keys.
@@ -209,7 +210,8 @@ func (s *Server) AbortRequest() (Event, bool) {
 // NotifyFailure tells every connected client (and every client that connects
 // later) that rank failed, with a one-line cause; each receives it on its
 // Failures channel. Fences that rank has not reached fail with
-// mpierr.ErrProcFailed, now and later. Repeated notices for a rank are sent
+// mpierr.ErrProcFailed, now and later (in recovery mode, SetRecovery,
+// they complete without it instead). Repeated notices for a rank are sent
 // again.
 func (s *Server) NotifyFailure(rank int, cause string) {
 	push := appendFrame(nil, opFailure, 0, appendCodeMsg(nil, int32(rank), cause))
@@ -225,8 +227,40 @@ func (s *Server) NotifyFailure(rank int, cause string) {
 	}
 	for name, f := range s.fences {
 		if !f.arrived[rank] {
-			s.failFenceLocked(name, f)
+			s.settleFenceLocked(name, f)
 		}
+	}
+}
+
+// SetRecovery sets how fences treat failed ranks (gorun
+// --enable-recovery): on, a fence completes once every rank that has not
+// failed reached it, so the survivors of a failure can still finalize;
+// off (the default), a fence that a failed rank did not reach fails.
+func (s *Server) SetRecovery(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recovery = on
+}
+
+// settleFenceLocked completes or fails fence f (name) if it can: done when
+// every rank arrived, or in recovery mode every live one; failed when a
+// failed rank did not arrive and recovery is off. Otherwise it waits.
+func (s *Server) settleFenceLocked(name string, f *fence) {
+	n := len(f.arrived)
+	for r := range s.failed {
+		if !f.arrived[r] {
+			if !s.recovery {
+				s.failFenceLocked(name, f)
+				return
+			}
+			n++
+		}
+	}
+	if n == s.size {
+		for _, w := range f.waiters {
+			w.c.out.send(appendFrame(nil, opOK, w.id))
+		}
+		delete(s.fences, name) // the name may be used again for a new fence
 	}
 }
 
@@ -516,18 +550,7 @@ func (s *Server) fence(c *serverConn, id uint64, name string) {
 	}
 	f.arrived[c.rank] = true
 	f.waiters = append(f.waiters, reqRef{c, id})
-	for r := range s.failed {
-		if !f.arrived[r] {
-			s.failFenceLocked(name, f)
-			return
-		}
-	}
-	if len(f.arrived) == s.size {
-		for _, w := range f.waiters {
-			w.c.out.send(appendFrame(nil, opOK, w.id))
-		}
-		delete(s.fences, name) // the name may be used again for a new fence
-	}
+	s.settleFenceLocked(name, f)
 }
 
 func (s *Server) failFenceLocked(name string, f *fence) {
