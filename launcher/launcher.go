@@ -99,6 +99,10 @@ type Config struct {
 	// notice, then SIGTERM, then SIGKILL. Zero means DefaultGrace.
 	Grace time.Duration
 
+	// EnableRecovery keeps the job going when a rank dies (gorun
+	// --enable-recovery, after Open MPI's ULFM): see recovery.go.
+	EnableRecovery bool
+
 	// Signals, if not nil, delivers signals to forward to every rank (to its
 	// process group). One that arrives while the program is being built
 	// cancels the build instead. cmd/gorun sends SIGINT and SIGTERM here.
@@ -186,6 +190,9 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	if cfg.NP < 1 {
 		return ExitFailure, argErrorf("need at least one rank, got -np %d", cfg.NP)
 	}
+	if cfg.EnableRecovery {
+		cfg.Params = append(cfg.Params[:len(cfg.Params):len(cfg.Params)], [2]string{"enable_recovery", "true"})
+	}
 	flagParams, err := encodeParams(cfg.Params)
 	if err != nil {
 		return ExitFailure, err
@@ -235,6 +242,7 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	}
 	defer srv.Close()
 	srv.SetLogger(log.New(out, "gorun: store: ", 0))
+	srv.SetRecovery(cfg.EnableRecovery)
 
 	env := baseEnv(os.Environ(), cfg.Env)
 	own := len(env) - len(cfg.Env) // env[own:] is what gorun adds: a host daemon's ranks get it
@@ -410,6 +418,7 @@ type job struct {
 	byLost  bool             // failure was set from a Lost event: its code may still be refined
 	pipes   []*os.File       // read ends of the ranks' output pipes
 	failure *JobError        // the first failure, abort, timeout or cancellation
+	dead    []*JobError      // ranks that died while the job went on (EnableRecovery)
 	stage   stopStage        // how far stopping has gone
 	stageC  <-chan time.Time // fires when the next stop stage is due
 }
@@ -582,6 +591,9 @@ func (j *job) loop(ctx context.Context) (int, error) {
 		}
 	}
 	j.drainOutput()
+	if j.failure == nil && len(j.dead) > 0 {
+		j.failure = j.deadError()
+	}
 	if j.failure != nil {
 		return j.failure.Code, j.failure
 	}
@@ -661,6 +673,10 @@ func (j *job) reap(i int) {
 	if rk.name == "" {
 		j.srv.NotifyFailure(r, reason)
 	}
+	if j.cfg.EnableRecovery && j.failure == nil {
+		j.died(&JobError{Rank: r, PID: rk.pid, Reason: reason, Code: code})
+		return
+	}
 	if j.failure != nil {
 		if j.cfg.Verbose {
 			j.out.printf("rank %d (pid %d) %s", r, rk.pid, reason)
@@ -697,6 +713,10 @@ func (j *job) event(ev store.Event) {
 		}
 		reason := "ended before calling Finalize (" + rk.name + " says how)"
 		j.srv.NotifyFailure(ev.Rank, reason)
+		if j.cfg.EnableRecovery {
+			j.died(&JobError{Rank: ev.Rank, PID: rk.pid, Reason: reason, Code: ExitFailure})
+			return
+		}
 		j.failure = &JobError{Rank: ev.Rank, PID: rk.pid, Reason: reason, Code: ExitFailure}
 		j.byLost = true
 		j.out.printf("%v", j.failure)

@@ -98,6 +98,9 @@ package path (built first). Flags after PROGRAM belong to the program.
       --launcher MODE         how ranks start: local, slurm (one srun step), or auto
                               (default: slurm inside a Slurm allocation, else local)
       --grace DURATION        time between failure notice, SIGTERM and SIGKILL (default 2s)
+      --enable-recovery       a rank's death does not end the job: the others get
+                              ErrProcFailed for operations naming it and go on; gorun
+                              exits non-zero at the end, naming the dead
       --pgo PROFILE           profile a Go PROGRAM is built with (go build -pgo): a file,
                               auto (its own default.pgo) or off; default: gompi's
                               profile of its message paths, unless the program's folder
@@ -173,6 +176,7 @@ func newFlagSet(params *paramList) *pflag.FlagSet {
 	fs.Bool("verbose", false, "launch progress")
 	fs.Bool("oversubscribe", false, "allow more ranks than CPUs")
 	fs.Duration("grace", launcher.DefaultGrace, "stop step interval")
+	fs.Bool("enable-recovery", false, "survivors go on when a rank dies")
 	fs.String("launcher", "auto", "local, slurm or auto")
 	fs.String("host", "", "hosts")
 	fs.String("hostfile", "", "hostfile")
@@ -211,6 +215,7 @@ func parseArgs(args []string, lookupEnv func(string) (string, bool)) (cfg launch
 	cfg.Stats, _ = fs.GetBool("stats")
 	cfg.Verbose, _ = fs.GetBool("verbose")
 	cfg.Oversubscribe, _ = fs.GetBool("oversubscribe")
+	cfg.EnableRecovery, _ = fs.GetBool("enable-recovery")
 	if cfg.PGO, _ = fs.GetString("pgo"); fs.Changed("pgo") && cfg.PGO == "" {
 		return cfg, false, errors.New("--pgo: want a profile file, auto or off")
 	}
