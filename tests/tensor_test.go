@@ -61,6 +61,24 @@ func TestTensorExchange(t *testing.T) {
 	}
 }
 
+// TestTensorSteadyState: once the meta-data is cached, a tensor costs
+// one control message (TENSOR_REQUEST) and one put, notified by a NOTIFY
+// message, or, over verbs, by the write's immediate (no NOTIFY).
+func TestTensorSteadyState(t *testing.T) {
+	buildTensor(t)
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			out, code := gorun(t, 60*time.Second, "-np", "2", "--btl", tr.btl, "--timeout", "50s", prog("tensorprog"), "steady")
+			require.Equal(t, 0, code, out)
+			notifies := "1.00"
+			if tr.name == "verbs" {
+				notifies = "0.00"
+			}
+			require.Contains(t, out, "steady: control=1.00 puts=1.00 notifies="+notifies, out)
+		})
+	}
+}
+
 // TestTensorDeadPeer: a rank that dies fails the receives waiting for it
 // with ErrProcFailed.
 func TestTensorDeadPeer(t *testing.T) {

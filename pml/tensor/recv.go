@@ -65,13 +65,12 @@ func (r *Rendezvous) start(step int64, name string, src int, done func(Tensor, e
 	case r.peerErr[src] != nil:
 		return nil, 0, r.peerErr[src]
 	}
-	rq = &recvReq{idx: r.nextIdx, src: src, key: key{step, name}, done: done, w: w}
-	r.nextIdx++
-	if r.nextIdx == 0 {
-		r.nextIdx = 1
-	}
-	for r.reqs[r.nextIdx] != nil { // a wrapped index still in use
-		r.nextIdx++
+	rq = &recvReq{idx: r.slot<<slotShift | r.nextIdx, src: src, key: key{step, name}, done: done, w: w}
+	for { // the next counter value whose index is free (it wraps)
+		r.nextIdx = (r.nextIdx + 1) & idxMask
+		if r.nextIdx != 0 && r.reqs[r.slot<<slotShift|r.nextIdx] == nil {
+			break
+		}
 	}
 	r.reqs[rq.idx] = rq
 	e := reqEntry{index: rq.idx, step: step, name: name}

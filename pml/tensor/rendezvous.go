@@ -126,6 +126,7 @@ type Rendezvous struct {
 	size int
 
 	ctx     uint32      // the private communicator's context id: names this rendezvous in fragments
+	slot    uint32      // this rendezvous's slot on its engine: the top byte of its request indices
 	hdr     []byte      // a whole message's fragment header (the context id), read only
 	toComm  map[int]int // world rank -> rank of the communicator (read only)
 	fragMax []int       // by rank: the largest fragment the transport to it sends (read only)
@@ -209,8 +210,10 @@ func New(c *mpi.Comm, opts ...Option) (*Rendezvous, error) {
 			return nil, fmt.Errorf("tensor: the transport to rank %d sends fragments of %d bytes: too small for control messages", p, r.fragMax[p])
 		}
 	}
-	d := demuxOf(e)
-	d.set(r.ctx, r)
+	if !demuxOf(e).add(r) {
+		dup.Free()
+		return nil, fmt.Errorf("tensor: %d rendezvous are open on this rank (at most %d)", maxSlots, maxSlots)
+	}
 	r.stopW = e.WatchPeers(r.onFailure)
 	go r.pump()
 	if err := dup.Barrier(); err != nil {
@@ -451,7 +454,7 @@ func (r *Rendezvous) Close() error {
 	}
 	r.mu.Unlock()
 	r.run(&out)
-	demuxOf(r.pc.Engine()).set(r.ctx, nil)
+	demuxOf(r.pc.Engine()).remove(r)
 	r.stopW()
 	close(r.stop)
 	r.wakePump()

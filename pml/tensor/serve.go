@@ -198,10 +198,25 @@ func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
 	ep := r.endpoint(rs.peer)
 	if rs.req.handle != nil && ep != nil && ep.Module().Caps()&btl.CapPut != 0 && ep.Module().Name() == rs.req.transport {
 		ne.via = viaPut
+		w := r.pc.World(rs.peer)
+		if ip, ok := ep.(ImmediatePutter); ok && !r.cfg.checksum && !r.pc.Engine().PeerQueued(w) {
+			// The write carries the request index: no NOTIFY.
+			_, err := ip.WriteWithImm(content, rs.req.handle, 0, rs.idx, func(err error) {
+				if err != nil {
+					r.putDone(rs, ne, err)
+				}
+			})
+			if err == nil {
+				r.st.puts.Add(1)
+				return ne, false
+			}
+			// Refused (its queue is full: btl.ErrWouldBlock), or an index
+			// it cannot carry: a put and a NOTIFY.
+		}
 		// Through the PML's queue: a put the transport refuses for now
 		// (btl.ErrWouldBlock) is posted again from progress, and the
 		// control messages sent after it wait behind it.
-		done, err := r.pc.Engine().PeerPut(r.pc.World(rs.peer), content, rs.req.handle, 0, func(err error) {
+		done, err := r.pc.Engine().PeerPut(w, content, rs.req.handle, 0, func(err error) {
 			r.putDone(rs, ne, err)
 		})
 		if err == nil {

@@ -30,10 +30,20 @@ import (
 // interleave.
 const (
 	// tagMessage: one whole control message. Header: u32 context id.
-	tagMessage = TagImmediate + 1
+	tagMessage btl.Tag = 0x61
 	// tagPart: a part of a control message. Header: u32 context id, u32
 	// message id, u8 last (1 on the message's last part, else 0).
-	tagPart = TagImmediate + 2
+	tagPart btl.Tag = 0x62
+)
+
+// Request indices are unique per engine, so that the immediate of a
+// write (TagImmediate), which carries only the index, names the
+// rendezvous too: the top byte is the rendezvous's slot on its engine,
+// the low 24 bits a counter of the rendezvous (never 0).
+const (
+	slotShift = 24
+	maxSlots  = 255 // slot 255 would make indices reach the verbs immediates' reserved values
+	idxMask   = 1<<slotShift - 1
 )
 
 const (
@@ -83,8 +93,9 @@ func decodeMsgHdr(b []byte) (uint32, int, error) {
 // demux routes an engine's control fragments to its rendezvous by context
 // id. One per engine (pml.Engine.Attach).
 type demux struct {
-	mu sync.Mutex                             // serializes changes of m
-	m  atomic.Pointer[map[uint32]*Rendezvous] // replaced whole (copy on write): lookups take no lock
+	mu    sync.Mutex                             // serializes changes of m and slots
+	m     atomic.Pointer[map[uint32]*Rendezvous] // by context id; replaced whole (copy on write): lookups take no lock
+	slots [maxSlots]atomic.Pointer[Rendezvous]   // by slot (the top byte of request indices)
 }
 
 type demuxKey struct{}
@@ -96,13 +107,43 @@ func demuxOf(e *pml.Engine) *demux {
 		d.m.Store(&map[uint32]*Rendezvous{})
 		e.SetUpperHandler(tagMessage, d.onMessage)
 		e.SetUpperHandler(tagPart, d.onPart)
+		e.SetUpperHandler(TagImmediate, d.onImmediate)
 		return d
 	}).(*demux)
 }
 
-func (d *demux) set(ctx uint32, r *Rendezvous) {
+// add routes r's context id to r and gives it a free slot; false when
+// every slot is taken.
+func (d *demux) add(r *Rendezvous) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	slot := -1
+	for i := range d.slots {
+		if d.slots[i].Load() == nil {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 {
+		return false
+	}
+	r.slot = uint32(slot)
+	d.slots[slot].Store(r)
+	d.setLocked(r.ctx, r)
+	return true
+}
+
+// remove forgets r: later fragments for it are dropped.
+func (d *demux) remove(r *Rendezvous) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.slots[r.slot].Load() == r {
+		d.slots[r.slot].Store(nil)
+	}
+	d.setLocked(r.ctx, nil)
+}
+
+func (d *demux) setLocked(ctx uint32, r *Rendezvous) {
 	old := *d.m.Load()
 	m := make(map[uint32]*Rendezvous, len(old)+1)
 	for k, v := range old {
@@ -155,6 +196,52 @@ func (d *demux) onPart(ep btl.Endpoint, hdr, data []byte) {
 	} else if msg != nil {
 		r.handle(p, msg)
 	}
+}
+
+// onImmediate takes the immediate of a write (ImmediatePutter): the
+// content of that request is in place.
+func (d *demux) onImmediate(ep btl.Endpoint, hdr, _ []byte) {
+	imm, count, _, err := decodeImmHdr(hdr)
+	if err != nil || imm>>slotShift >= maxSlots {
+		return // names no rendezvous
+	}
+	r := d.slots[imm>>slotShift].Load()
+	if r == nil {
+		return
+	}
+	if p, ok := r.toComm[ep.Peer()]; ok {
+		r.onImmediate(p, imm, count)
+	}
+}
+
+// onImmediate completes the receive idx from peer whose content a write
+// with immediate put in place, as a NOTIFY of a put would.
+func (r *Rendezvous) onImmediate(peer int, idx, count uint32) {
+	var out outbox
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	rq := r.lookupLocked(peer, idx)
+	if rq == nil {
+		r.mu.Unlock()
+		return
+	}
+	var t Tensor
+	var err error
+	if rq.m.dead || uint64(count) != rq.m.bytes {
+		err = r.protoErr(rq, "a write of %d bytes for %v", count, rq.m)
+	} else {
+		t, err = r.contentLocked(rq, notifyEntry{index: idx, via: viaPut})
+	}
+	if rq.told && rq.dest != nil {
+		r.pool.put(rq.dest)
+	}
+	r.finishLocked(rq)
+	r.tellLocked(rq, t, err, &out)
+	r.mu.Unlock()
+	r.run(&out)
 }
 
 // partKey names a message being reassembled.

@@ -12,6 +12,10 @@
 //	tensor abort      the last rank aborts the rendezvous while the others
 //	                  wait in Recvs; they print "rank N: aborted: ERR
 //	                  (ErrAborted=BOOL)"
+//	tensor steady     rank 1 sends rank 0 a 64 KiB tensor per step; after
+//	                  the first steps rank 0 prints both ranks' control
+//	                  messages, puts and NOTIFYs per tensor in the steady
+//	                  state: "steady: control=C puts=P notifies=N"
 package main
 
 import (
@@ -46,6 +50,8 @@ func main() {
 		dead(ctx, w, rv)
 	case "abort":
 		err = abort(ctx, w, rv)
+	case "steady":
+		err = steady(ctx, w, rv)
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -182,6 +188,52 @@ func abort(ctx context.Context, w *mpi.Comm, rv *tensor.Rendezvous) error {
 		fmt.Printf("rank %d: aborted: %v (ErrAborted=%v)\n", rank, err, errors.Is(err, mpi.ErrAborted))
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+	return nil
+}
+
+func steady(ctx context.Context, w *mpi.Comm, rv *tensor.Rendezvous) error {
+	const size, warm, steps = 64 << 10, 3, 50
+	data := content(size, 0, 1, 0)
+	var before tensor.Stats
+	for step := int64(0); step < warm+steps; step++ {
+		if step == warm {
+			if err := w.Barrier(); err != nil {
+				return err
+			}
+			before = rv.Stats()
+		}
+		switch w.Rank() {
+		case 1:
+			if err := rv.Send(step, "steady", tensor.Tensor{DType: tensor.Uint8, Shape: []int64{size}, Data: data}); err != nil {
+				return err
+			}
+		case 0:
+			t, err := rv.Recv(ctx, step, "steady", 1)
+			if err != nil {
+				return err
+			}
+			if !bytes.Equal(t.Data, data) {
+				return fmt.Errorf("step %d: wrong content", step)
+			}
+			rv.Recycle(t)
+		}
+	}
+	if err := w.Barrier(); err != nil {
+		return err
+	}
+	after := rv.Stats()
+	mine := []int64{after.ControlMessages - before.ControlMessages, after.Puts - before.Puts, after.Notifications - before.Notifications}
+	switch w.Rank() {
+	case 1:
+		return w.Send(mine, 0, 7)
+	case 0:
+		theirs := make([]int64, 3)
+		if _, err := w.Recv(theirs, 1, 7); err != nil {
+			return err
+		}
+		fmt.Printf("steady: control=%.2f puts=%.2f notifies=%.2f\n", float64(mine[0]+theirs[0])/steps,
+			float64(mine[1]+theirs[1])/steps, float64(mine[2]+theirs[2])/steps)
 	}
 	return nil
 }
