@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,6 +78,15 @@ func Init(opts ...Option) (*Comm, error) {
 			return nil, fmt.Errorf("join the job through PMI: %w", err)
 		}
 		client, secret, rank, size = pj, pj.Secret, pj.Rank, pj.Size
+		// What gorun sets for its ranks, the process manager does not:
+		// a share of the CPUs (unless GOMAXPROCS is set), and waiting
+		// without spinning when the host has more ranks than CPUs.
+		if os.Getenv("GOMAXPROCS") == "" {
+			runtime.GOMAXPROCS(max(1, runtime.NumCPU()/pj.LocalSize))
+		}
+		if pj.LocalSize > runtime.NumCPU() {
+			os.Setenv("GOMPI_OVERSUBSCRIBED", "1")
+		}
 		logf("PMI-%d job %s: rank %d of %d, local %d of %d (%s)", pj.Client().Version(), pj.JobID, rank, size, pj.LocalRank, pj.LocalSize, pj.Local)
 	} else if addr := os.Getenv("GOMPI_STORE"); addr != "" {
 		secret, err = hex.DecodeString(os.Getenv("GOMPI_SECRET"))
