@@ -5,4 +5,5 @@ package mpi
 import (
 	_ "github.com/gompi-org/gompi/btl/sm"
 	_ "github.com/gompi-org/gompi/btl/tcp"
+	_ "github.com/gompi-org/gompi/btl/verbs"
 )

@@ -219,7 +219,7 @@ func (e *endpoint) SendImmediate(tag btl.Tag, hdr, data []byte) error {
 		e.unlock()
 		return btl.ErrWouldBlock
 	}
-	if len(e.pending) > 0 || !e.postMsgLocked(frameMsg, tag, hdr, data, e.opSeq+1) {
+	if len(e.pending) > 0 || !e.postMsgLocked(frameMsg, tag, hdr, data, nil, nil, e.opSeq+1) {
 		err := e.checkLocked() // the post may have failed the endpoint
 		if err == nil {
 			err = btl.ErrWouldBlock
@@ -234,9 +234,12 @@ func (e *endpoint) SendImmediate(tag btl.Tag, hdr, data []byte) error {
 	return nil
 }
 
-// Send transmits hdr and data as one fragment. hdr is copied at once;
-// data is copied into the registered staging ring, at once when the pair
-// is connected and has room (done), else when room comes (cb). Fragments
+// Send transmits hdr and data as one fragment. hdr is copied at once.
+// Data of at least inplaceMin bytes is written from the caller's memory
+// (registered through the cache): it belongs to the module until cb, when
+// the write completed. Smaller data is copied into the registered staging
+// ring, at once when the pair is connected and has room (done), else when
+// room comes (cb); a registration failure also makes it copied. Fragments
 // are delivered in order. Errors: ErrClosed (module or peer closed),
 // mpierr.ErrProcFailed (the peer failed), mpierr.ErrArg (fragment larger
 // than max(eager_limit, max_send_size)).
@@ -256,22 +259,38 @@ func (e *endpoint) send(tag btl.Tag, hdr, data, abuf []byte, cb btl.Completion) 
 		e.unlock()
 		return false, err
 	}
+	var reg *regEntry
+	if abuf == nil && len(data) >= inplaceMin && e.m.cfg.caps&btl.CapSendInPlace != 0 {
+		e.mu.Unlock()
+		reg, _ = e.m.cache.get(data) // on failure the data is copied
+		e.mu.Lock()
+		if err := e.checkLocked(); err != nil {
+			e.unlock()
+			if reg != nil {
+				e.m.cache.put(reg)
+			}
+			return false, err
+		}
+	}
 	e.opSeq++
-	if e.state == epConnected && len(e.pending) == 0 && e.postMsgLocked(frameMsg, tag, hdr, data, e.opSeq) {
+	if e.state == epConnected && len(e.pending) == 0 && e.postMsgLocked(frameMsg, tag, hdr, data, reg, cb, e.opSeq) {
 		e.unlock()
 		e.m.fragsSent.Add(1)
 		e.m.bytesSent.Add(int64(len(hdr) + len(data)))
-		return true, nil
+		return reg == nil, nil
 	}
 	if err := e.checkLocked(); err != nil { // the post failed the endpoint
 		e.unlock()
+		if reg != nil {
+			e.m.cache.put(reg)
+		}
 		return false, err
 	}
 	if e.state == epConnected {
 		e.m.stalls.Add(1)
 		e.stalledLocked()
 	}
-	e.pending = append(e.pending, &pendOp{kind: opMsg, tag: tag, hdr: append([]byte(nil), hdr...), data: data, abuf: abuf, cb: cb, seq: e.opSeq})
+	e.pending = append(e.pending, &pendOp{kind: opMsg, tag: tag, hdr: append([]byte(nil), hdr...), data: data, abuf: abuf, reg: reg, cb: cb, seq: e.opSeq})
 	e.startConnectLocked()
 	e.unlock()
 	e.m.fragsSent.Add(1)
@@ -443,10 +462,18 @@ func (e *endpoint) postLocked(wrs []ibv.SendWR, ops []wrOp) bool {
 	return true
 }
 
+// inplaceMin is the smallest data a Send writes from the caller's memory
+// (registered through the cache) instead of copying it into the staging
+// ring.
+const inplaceMin = 16 << 10
+
 // postMsgLocked writes a frame into the staging ring and posts it (with
 // its pad) if the window and the send queue have room. It reports false
-// when they do not (nothing posted) or the post failed the endpoint.
-func (e *endpoint) postMsgLocked(kind frameKind, tag btl.Tag, hdr, data []byte, seq uint64) bool {
+// when they do not (nothing posted) or the post failed the endpoint. With
+// reg (covering data) the data goes from the caller's memory as the
+// write's second scatter/gather entry, and cb runs when the write
+// completes; otherwise data is copied and cb is not used.
+func (e *endpoint) postMsgLocked(kind frameKind, tag btl.Tag, hdr, data []byte, reg *regEntry, cb btl.Completion, seq uint64) bool {
 	n := frameHdrLen + len(hdr) + len(data)
 	s, ok := e.win.reserve(n)
 	nwr := 1
@@ -471,10 +498,17 @@ func (e *endpoint) postMsgLocked(kind frameKind, tag btl.Tag, hdr, data []byte, 
 	f := e.stage[s.off : s.off+n]
 	fh.put(f)
 	copy(f[frameHdrLen:], hdr)
-	copy(f[frameHdrLen+len(hdr):], data)
-	wrs[i] = ibv.SendWR{Opcode: ibv.WRRDMAWriteWithImm, Imm: immMsg, SGList: []ibv.SGEntry{ibv.SGE(e.stageMR, s.off, n)},
+	sg := []ibv.SGEntry{ibv.SGE(e.stageMR, s.off, n)}
+	if reg != nil {
+		sg[0].Length = uint32(frameHdrLen + len(hdr))
+		sg = append(sg, ibv.SGEntry{Addr: reg.iova(sliceAddr(data)), Length: uint32(len(data)), LKey: reg.mr.LKey()})
+	} else {
+		copy(f[frameHdrLen+len(hdr):], data)
+		cb = nil // copied: the caller completes it
+	}
+	wrs[i] = ibv.SendWR{Opcode: ibv.WRRDMAWriteWithImm, Imm: immMsg, SGList: sg,
 		RemoteAddr: e.remote.RingAddr + uint64(s.off), RKey: e.remote.RingKey}
-	ops[i] = wrOp{kind: opMsg, take: s.pad + s.foot, seq: seq, last: true}
+	ops[i] = wrOp{kind: opMsg, take: s.pad + s.foot, seq: seq, last: true, reg: reg, cb: cb}
 	if kind == frameClose {
 		ops[i].kind = opClose
 	}
@@ -540,13 +574,13 @@ func (e *endpoint) drainLocked() {
 			if op.kind == opClose {
 				fk = frameClose
 			}
-			if !e.postMsgLocked(fk, op.tag, op.hdr, op.data, op.seq) {
+			if !e.postMsgLocked(fk, op.tag, op.hdr, op.data, op.reg, op.cb, op.seq) {
 				return
 			}
 			if op.abuf != nil {
 				e.m.recycle(op.abuf)
 			}
-			if op.cb != nil {
+			if op.cb != nil && op.reg == nil { // copied: complete now
 				e.later = append(e.later, doneCB{op.cb, nil})
 			}
 		default:
@@ -886,7 +920,7 @@ func (e *endpoint) sendClose() bool {
 	e.pending = nil
 	e.opSeq++
 	e.closeSeq = e.opSeq
-	if !e.postMsgLocked(frameClose, 0, nil, nil, e.closeSeq) && e.state == epConnected {
+	if !e.postMsgLocked(frameClose, 0, nil, nil, nil, nil, e.closeSeq) && e.state == epConnected {
 		e.pending = append(e.pending, &pendOp{kind: opClose, seq: e.closeSeq})
 	}
 	return true
@@ -1027,7 +1061,7 @@ func (e *endpoint) setup() error {
 		return fmt.Errorf("creating a completion queue: %w", err)
 	}
 	if e.qp, err = m.pd.CreateQP(ibv.QPInitAttr{SendCQ: e.cq, RecvCQ: e.cq, Type: ibv.QPTypeRC,
-		Cap: ibv.QPCap{MaxSendWR: m.depth, MaxRecvWR: m.depth, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+		Cap: ibv.QPCap{MaxSendWR: m.depth, MaxRecvWR: m.depth, MaxSendSGE: 2, MaxRecvSGE: 1}}); err != nil {
 		return fmt.Errorf("creating a QP: %w", err)
 	}
 	e.ring = make([]byte, m.cfg.ringSize)

@@ -87,7 +87,7 @@ var defaults = btl.Defaults{
 	Exclusivity: btl.ExclusivityDefault,
 }
 
-const have = btl.CapSend | btl.CapSendImmediate | btl.CapPut | btl.CapGet
+const have = btl.CapSend | btl.CapSendImmediate | btl.CapSendInPlace | btl.CapPut | btl.CapGet
 
 // Ranking data (Open MPI openib's defaults for a 4x QDR link).
 const (

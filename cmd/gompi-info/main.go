@@ -57,6 +57,7 @@ func run(args []string, out, errw io.Writer) int {
 		return 1
 	}
 	mods := transports(out, set)
+	rdmaDevices(out, set)
 	if *protocols {
 		protocolTable(out, set, mods)
 		return 0
