@@ -47,6 +47,7 @@ func TestMain(m *testing.M) {
 var transports = []struct{ name, btl string }{
 	{"tcp", "self,tcp"},
 	{"sm", "self,sm"},
+	{"verbs", "self,verbs"},
 }
 
 func prog(name string) string { return filepath.Join(bin, name) }
