@@ -420,20 +420,21 @@ func (e *endpoint) rdma(kind opKind, local, handle []byte, off int, imm uint32, 
 
 // Flush calls cb (or returns done) once every operation submitted on the
 // endpoint before the call has completed: its work requests finished at
-// the device (for fragments: written into the peer's ring). Operations
-// that failed count as completed; cb then gets the endpoint's error.
+// the device (for fragments: written into the peer's ring; this covers
+// copied Sends that returned done too). Operations that failed count as
+// completed; cb then gets the endpoint's error. After the module's Close
+// it returns an error wrapping ErrClosed and fences nothing.
 func (e *endpoint) Flush(cb btl.Completion) (bool, error) {
+	if e.m.closed.Load() {
+		return false, e.m.errClosed()
+	}
 	e.mu.Lock()
 	defer e.unlock()
 	if e.doneSeq >= e.opSeq {
 		return true, nil
 	}
-	if e.state == epFailed || e.state == epClosed {
-		if len(e.ops) == e.opsHead && len(e.pending) == 0 {
-			return false, e.err
-		}
-	}
 	e.flushes = append(e.flushes, flushWait{seq: e.opSeq, cb: cb})
+	e.doneSeqLocked(e.doneSeq) // a pair already down releases it at once
 	return false, nil
 }
 

@@ -51,7 +51,11 @@ func (component) Open(env *btl.Env) ([]btl.Module, error) {
 	if err != nil {
 		return nil, err
 	}
-	prov, err := pickProvider(cfg, env.Params)
+	list := ""
+	if env.Params.Has("btl") {
+		list = env.Params.String("btl")
+	}
+	prov, err := pickProvider(cfg, env.Params, list)
 	if err != nil {
 		return nil, err
 	}

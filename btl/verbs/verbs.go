@@ -287,7 +287,7 @@ func readConfig(p *params.Set) (config, error) {
 // pickProvider resolves btl_verbs_provider. auto takes rdmacore when it is
 // built in and has a device, else soft, but soft only when the btl list
 // names verbs: a job that did not ask for verbs gets no software device.
-func pickProvider(c config, p *params.Set) (ibv.Provider, error) {
+func pickProvider(c config, p *params.Set, btlList string) (ibv.Provider, error) {
 	switch c.provider {
 	case "auto", "":
 		if pr, err := ibv.NewProvider("rdmacore", p); err == nil {
@@ -295,7 +295,7 @@ func pickProvider(c config, p *params.Set) (ibv.Provider, error) {
 				return pr, nil
 			}
 		}
-		if !named(p.String("btl")) {
+		if !named(btlList) {
 			return nil, mpierr.Errorf(mpierr.ErrNotSupported, "verbs: no RDMA device (the soft provider is used when the btl list names verbs or %s=soft)", paramProvider)
 		}
 		c.provider = "soft"
