@@ -159,7 +159,7 @@ func TestHydraConform(t *testing.T) {
 		name, btl string
 		args      []string
 	}{
-		{"sm", "self,sm", nil}, {"tcp", "self,tcp", nil}, {"sm/port", "self,sm", []string{"-pmi-port"}},
+		{"sm", "self,sm", nil}, {"tcp", "self,tcp", nil}, {"verbs", "self,verbs", nil}, {"sm/port", "self,sm", []string{"-pmi-port"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -60,6 +60,13 @@ func joinAll(t *testing.T, srv *pmitest.Server, size, version int, hosts []strin
 		}()
 	}
 	wg.Wait()
+	t.Cleanup(func() {
+		for _, j := range jobs {
+			if j != nil {
+				j.Close()
+			}
+		}
+	})
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
 	}
@@ -145,9 +152,25 @@ func TestStoreWireUp(t *testing.T) {
 					require.NoError(t, err)
 					require.Equal(t, val(r, 3000), b)
 				}
-				_, err := j.Store.Get(ctx, "btl.tcp.99")
+				short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				_, err := j.Store.Get(short, "btl.tcp.99")
+				cancel()
 				require.ErrorIs(t, err, pmi.ErrNotFound)
-				require.ErrorIs(t, j.Store.Set("late", []byte("x")), pmi.ErrAfterFence)
+			}
+			// After the fence, a pair of ranks exchanges through rank 0's
+			// store: a Get waits for the peer's Set.
+			got := make(chan []byte, 1)
+			go func() {
+				b, err := jobs[2].Store.Get(ctx, "pair.1.2")
+				if err != nil {
+					t.Error(err)
+				}
+				got <- b
+			}()
+			require.NoError(t, jobs[1].Store.Set("pair.1.2", []byte("qp 77")))
+			require.Equal(t, []byte("qp 77"), <-got)
+			for _, j := range jobs {
+				require.NoError(t, j.Close())
 			}
 		})
 	}

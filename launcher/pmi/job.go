@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -49,6 +50,7 @@ type Job struct {
 	Store                *Store // the btl.Store of the transports
 
 	c        *Client
+	server   interface{ Close() error } // rank 0's store (live.go); nil elsewhere
 	closeOne sync.Once
 }
 
@@ -82,7 +84,17 @@ func join(ctx context.Context, c *Client, getenv func(string) string, hostname f
 		if _, err := rand.Read(b[:]); err != nil {
 			return nil, err
 		}
+		srv, addrs, err := startLive(b[8:], j.Size)
+		if err != nil {
+			return nil, err
+		}
+		j.server = srv
 		if err := st.put(ctx, keyJob, b[:]); err != nil {
+			srv.Close()
+			return nil, err
+		}
+		if err := st.put(ctx, keyLive, []byte(strings.Join(addrs, ","))); err != nil {
+			srv.Close()
 			return nil, err
 		}
 	}
@@ -128,6 +140,9 @@ func join(ctx context.Context, c *Client, getenv func(string) string, hostname f
 		return nil, fmt.Errorf("%w: job id and secret of %d bytes", ErrProtocol, len(b))
 	}
 	j.JobID, j.Secret = hex.EncodeToString(b[:8]), b[8:]
+	if la, err := st.get(ctx, keyLive); err == nil {
+		st.live = &live{addrs: strings.Split(string(la), ","), secret: j.Secret, rank: j.Rank}
+	}
 	if j.Local == "" {
 		j.Local = "hostnames"
 		for r := range j.Size {
@@ -180,6 +195,14 @@ func (j *Job) Abort(code int, msg string) error {
 // this rank as failed when it exits).
 func (j *Job) Close() error {
 	var err error
-	j.closeOne.Do(func() { err = j.c.Close() })
+	j.closeOne.Do(func() {
+		if j.Store.live != nil {
+			j.Store.live.close()
+		}
+		err = j.c.Close()
+		if j.server != nil {
+			j.server.Close()
+		}
+	})
 	return err
 }

@@ -10,24 +10,30 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
-// ErrNotFound: after the fence, no process had published the key.
-var ErrNotFound = errors.New("pmi: key not published by any rank before the wire-up fence")
-
-// ErrAfterFence: a Set after the fence, which no other process would see.
-var ErrAfterFence = errors.New("pmi: Set after the wire-up fence (other ranks would never see it)")
+// ErrNotFound: no rank published the key, before the wire-up fence or
+// (through rank 0's store) after it while the caller waited.
+var ErrNotFound = errors.New("pmi: key not published by any rank")
 
 // Store is the wire-up store of a job started by a PMI process manager:
-// the btl.Store that transports publish their addresses in. Set is a PMI
-// put; Get waits for the job's wire-up fence (Job.Fence) and then is a PMI
-// get, so a key that no rank published before the fence is ErrNotFound at
-// once instead of a wait. Values are any bytes: they travel base64url
-// encoded, split over several PMI keys when longer than the server's
-// value limit; keys that PMI cannot carry (too long, other characters)
-// travel as a hash.
+// the btl.Store that transports publish their addresses in.
+//
+// Before the job's wire-up fence (Job.Fence), Set is a PMI put. Get waits
+// for that fence and then is a PMI get: the addresses transports publish
+// while they open are read straight from the process manager. Keys set
+// after the fence (an exchange between two ranks, such as verbs' queue
+// pairs) go to rank 0's store (see live.go), and a Get that PMI does not
+// answer asks that store, waiting there until the key appears or ctx ends
+// (then an error wrapping ErrNotFound).
+//
+// Values are any bytes: in PMI they travel base64url encoded, split over
+// several keys when longer than the server's value limit; keys that PMI
+// cannot carry (too long, other characters) travel as a hash.
 type Store struct {
 	c      *Client
+	live   *live         // rank 0's store; nil when there is none (tests)
 	fenced chan struct{} // closed by the first successful fence
 
 	mu    sync.Mutex        // guards cache, done
@@ -61,7 +67,16 @@ func (s *Store) pmiKey(key string) string {
 func (s *Store) Set(key string, value []byte) error {
 	select {
 	case <-s.fenced:
-		return fmt.Errorf("set %s: %w", key, ErrAfterFence)
+		if s.live == nil {
+			return fmt.Errorf("pmi: set %s after the wire-up fence: no store for it", key)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), liveDialTimeout)
+		defer cancel()
+		c, err := s.live.client(ctx)
+		if err != nil {
+			return fmt.Errorf("set %s: %w", key, err)
+		}
+		return c.Set(key, value)
 	default:
 	}
 	return s.put(context.Background(), key, value)
@@ -103,8 +118,23 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("get %s before the wire-up fence: %w", key, context.Cause(ctx))
 	}
-	return s.get(ctx, key)
+	v, err := s.get(ctx, key)
+	if !errors.Is(err, ErrNotFound) || s.live == nil {
+		return v, err
+	}
+	c, lerr := s.live.client(ctx)
+	if lerr != nil {
+		return nil, fmt.Errorf("get %s: %w (%w)", key, lerr, err)
+	}
+	v, lerr = c.Get(ctx, key)
+	if lerr != nil {
+		return nil, fmt.Errorf("get %s: %w (%w)", key, lerr, ErrNotFound)
+	}
+	return v, nil
 }
+
+// liveDialTimeout bounds connecting to rank 0's store for a Set.
+const liveDialTimeout = 30 * time.Second
 
 // get reads key without waiting for the fence.
 func (s *Store) get(ctx context.Context, key string) ([]byte, error) {
