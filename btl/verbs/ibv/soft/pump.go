@@ -217,7 +217,7 @@ func (q *qp) buildRequest() bool {
 		return false // the previous part of a long READ is still coming
 	}
 	psn := (w.psn + q.txPkt) & psnMask
-	if int(psnDiff(psn, q.ackPSN)) > q.dev.cfg.Window {
+	if int(psnDiff(psn, q.ackPSN)) > q.window() {
 		return false
 	}
 	if q.txIdx == 0 && q.txPkt == 0 {
@@ -294,7 +294,11 @@ func (q *qp) buildRequest() bool {
 		if last && w.flags&ibv.FlagSolicited != 0 && (!isWrite || withImm) {
 			p.bth.se = true
 		}
-		p.bth.ackReq = last || (k+1)%ackEvery == 0
+		// Ask for an ACK at the end of the message, every quarter of the
+		// window (at most every ackEvery packets), and when the window
+		// is full: the window moves only on acknowledgements.
+		every := max(1, min(ackEvery, q.window()/4))
+		p.bth.ackReq = last || (k+1)%every == 0 || int(psnDiff(psn, q.ackPSN)) >= q.window()
 		off := k * q.mtu
 		n := min(q.mtu, w.length-off)
 		c, hl := q.startPacket(&p, n)

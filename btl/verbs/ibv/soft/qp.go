@@ -88,6 +88,7 @@ type qp struct {
 	srtt, rttvar time.Duration // measured round trip
 	probing      bool          // probePSN was first sent at probeAt
 	probePSN     uint32
+	cwnd         int // packets the window allows now (0: not yet set)
 	probeAt      time.Time
 	timerAt      time.Time
 

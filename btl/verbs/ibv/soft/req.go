@@ -46,6 +46,7 @@ func (q *qp) requesterInput(p *packet) {
 		switch syn & synValMsk {
 		case nakPSNSeq:
 			q.dev.ctr.seqNakRx.Add(1)
+			q.shrink()
 			q.goBack(psn)
 		case nakInvReq:
 			q.failAt(psn, ibv.WCRemInvReqErr)
@@ -72,6 +73,28 @@ func (q *qp) progress(psn uint32) {
 		q.probing = false
 		q.rttSample(now.Sub(q.probeAt))
 	}
+}
+
+// The requester's window (packets sent ahead of acknowledgement) halves
+// on every loss it learns of (sequence NAK, READ response gap, timeout)
+// and grows back by about eight packets per window acknowledged, up to
+// Config.Window. Go-back-N resends everything after a loss, so under
+// random loss a window near the distance between losses sends least in
+// vain; the verbs leave the requester's pacing to the implementation.
+const minWindow = 16
+
+func (q *qp) window() int {
+	if q.cwnd == 0 {
+		q.cwnd = q.dev.cfg.Window
+	}
+	return q.cwnd
+}
+
+func (q *qp) shrink() { q.cwnd = max(q.window()/2, min(minWindow, q.dev.cfg.Window)) }
+
+func (q *qp) grow(acked int) {
+	w := q.window()
+	q.cwnd = min(q.dev.cfg.Window, w+max(1, acked*8/w))
 }
 
 // rttSample updates the smoothed round-trip time and its variation
@@ -106,9 +129,10 @@ func (q *qp) rto() time.Duration { return max(q.timeout, q.srtt+4*q.rttvar) }
 // asked for again from the first missing one.
 func (q *qp) ackUpTo(psn uint32) {
 	psn &= psnMask
-	if psnDiff(psn, q.ackPSN) > 0 && psnDiff(psn, q.maxSent) <= 0 {
+	if d := psnDiff(psn, q.ackPSN); d > 0 && psnDiff(psn, q.maxSent) <= 0 {
 		q.ackPSN = psn
 		q.progress(psn)
+		q.grow(int(d))
 	}
 	q.completeDone()
 }
@@ -242,6 +266,7 @@ func (q *qp) response(p *packet) {
 		// next progress or timeout.
 		if !q.gapSet || q.gapPSN != exp {
 			q.gapSet, q.gapPSN = true, exp
+			q.shrink()
 			q.goBack(exp)
 		}
 		return
@@ -337,6 +362,7 @@ func (q *qp) onTimer() {
 			}
 			q.retries--
 			q.dev.ctr.timeouts.Add(1)
+			q.shrink()
 			q.gapSet = false
 			q.goBack(q.oldestUnacked())
 			q.lastProgress = now
