@@ -19,8 +19,9 @@ import (
 //     plain Recv of as many bytes; each iteration ends with a 0-byte ack
 //     from rank 0, so rank 1 sends the next only then; batches of the two
 //     alternate;
-//   - the control messages and puts per tensor in the steady state (both
-//     ranks' counters);
+//   - the control messages, puts (or gets, where the receiver reads the
+//     content) and NOTIFYs per tensor in the steady state (both ranks'
+//     counters);
 //   - many small tensors: --tensors tensors of 64 bytes per step received
 //     with RecvAsync, tensors per second, against as many plain
 //     Isend/Irecv messages (Waitall), with and without request batching.
@@ -179,16 +180,18 @@ func steadyState(w *mpi.Comm, rv *tensor.Rendezvous, step *int64, out interface{
 		return err
 	}
 	after := rv.Stats()
-	mine := []int64{after.ControlMessages - before.ControlMessages, after.Puts - before.Puts, after.Notifications - before.Notifications}
+	mine := []int64{after.ControlMessages - before.ControlMessages, after.Puts - before.Puts, after.Gets - before.Gets,
+		after.Notifications - before.Notifications}
 	if w.Rank() == 1 {
 		return w.Send(mine, 0, tagData)
 	}
-	theirs := make([]int64, 3)
+	theirs := make([]int64, len(mine))
 	if _, err := w.Recv(theirs, 1, tagData); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "# steady state (64 KiB, %d tensors): control messages/tensor %.2f, puts/tensor %.2f, notifications/tensor %.2f\n",
-		n, float64(mine[0]+theirs[0])/n, float64(mine[1]+theirs[1])/n, float64(mine[2]+theirs[2])/n)
+	per := func(i int) float64 { return float64(mine[i]+theirs[i]) / n }
+	fmt.Fprintf(out, "# steady state (64 KiB, %d tensors): control messages/tensor %.2f, puts/tensor %.2f, gets/tensor %.2f, notifications/tensor %.2f\n",
+		n, per(0), per(1), per(2), per(3))
 	return nil
 }
 

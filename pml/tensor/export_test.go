@@ -4,6 +4,18 @@ package tensor
 // buffer, as one the transport cannot register would.
 func WithForcedProxy() Option { return func(c *config) { c.forceProxy = true } }
 
+// WithPullMin sets the smallest content a receiver reads itself (0: it
+// never does).
+func WithPullMin(n int) Option { return func(c *config) { c.pullMin = n } }
+
+// Exposed reports the contents this rank keeps registered for their
+// receivers to read.
+func (r *Rendezvous) Exposed() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.exposed)
+}
+
 // SetContentHook installs a hook that sees (and may change) every received
 // content before it is verified; nil removes it.
 func SetContentHook(f func([]byte)) { testHookContent = f }

@@ -26,8 +26,15 @@ func await(ctx context.Context, ch chan outcome) (outcome, error) {
 
 // TestCancel: a Recv whose context ends returns the context's error; its
 // request is withdrawn at the sender (nothing stays registered, nothing is
-// written later) and the tensor stays there for a later Recv.
+// written later) and the tensor stays there for a later Recv. Both for a
+// small tensor (put) and a large one (the receiver reads it).
 func TestCancel(t *testing.T) {
+	for _, size := range []int{256, 256 << 10} {
+		t.Run(fmt.Sprintf("size=%d", size), func(t *testing.T) { testCancel(t, size) })
+	}
+}
+
+func testCancel(t *testing.T, size int) {
 	run(t, 2, nil, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
 		ctx := deadline(t)
 		if w.Rank() == 0 {
@@ -70,7 +77,7 @@ func TestCancel(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if string(got.Data) != string(seq(256, 1)) {
+			if string(got.Data) != string(seq(size, 1)) {
 				return fmt.Errorf("after cancel: wrong content")
 			}
 			if st := rv.Stats(); st.Cancels != 1 {
@@ -81,13 +88,13 @@ func TestCancel(t *testing.T) {
 		if _, err := w.Recv(nil, 0, 0); err != nil {
 			return err
 		}
-		if err := rv.Send(0, "w", tensor.Tensor{DType: tensor.Uint8, Shape: []int64{256}, Data: seq(256, 0)}); err != nil {
+		if err := rv.Send(0, "w", tensor.Tensor{DType: tensor.Uint8, Shape: []int64{int64(size)}, Data: seq(size, 0)}); err != nil {
 			return err
 		}
 		if _, err := w.Recv(nil, 0, 1); err != nil {
 			return err
 		}
-		return rv.Send(1, "w", tensor.Tensor{DType: tensor.Uint8, Shape: []int64{256}, Data: seq(256, 1)})
+		return rv.Send(1, "w", tensor.Tensor{DType: tensor.Uint8, Shape: []int64{int64(size)}, Data: seq(size, 1)})
 	})
 }
 

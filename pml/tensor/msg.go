@@ -6,8 +6,7 @@ import (
 	"fmt"
 )
 
-// Control messages travel as ordinary MPI messages on the rendezvous's
-// private communicator. Every message starts with two bytes, the wire
+// Control messages travel as btl fragments (wire.go). Every message starts with two bytes, the wire
 // version and the kind; the body of each kind is a sequence of unsigned
 // varints (u), zig-zag varints (s), single bytes (b), fixed little-endian
 // words (u32) and length-prefixed byte strings (str: u length, bytes), as
@@ -21,19 +20,20 @@ const wireVersion = 1
 type kind uint8
 
 const (
-	kindRequest   kind = 1 // TENSOR_REQUEST: receiver -> sender (msg_request.go)
-	kindReRequest kind = 2 // TENSOR_RE_REQUEST: receiver -> sender (msg_request.go)
-	kindMeta      kind = 3 // META_DATA_RESPONSE: sender -> receiver (msg_meta.go)
-	kindNotify    kind = 4 // content written: sender -> receiver (msg_notify.go)
-	kindError     kind = 5 // ERROR_STATUS: sender -> receiver (msg_error.go)
-	kindCancel    kind = 6 // receiver -> sender: drop these requests (msg_cancel.go)
-	kindCancelled kind = 7 // sender -> receiver: dropped, nothing will be written (msg_cancel.go)
-	kindAbort     kind = 8 // any -> all: the rendezvous is aborted (msg_abort.go)
-	kindClosed    kind = 9 // any -> all: this rank closed its rendezvous (msg_abort.go)
+	kindRequest   kind = 1  // TENSOR_REQUEST: receiver -> sender (msg_request.go)
+	kindReRequest kind = 2  // TENSOR_RE_REQUEST: receiver -> sender (msg_request.go)
+	kindMeta      kind = 3  // META_DATA_RESPONSE: sender -> receiver (msg_meta.go)
+	kindNotify    kind = 4  // content written: sender -> receiver (msg_notify.go)
+	kindError     kind = 5  // ERROR_STATUS: sender -> receiver (msg_error.go)
+	kindCancel    kind = 6  // receiver -> sender: drop these requests (msg_cancel.go)
+	kindCancelled kind = 7  // sender -> receiver: dropped, nothing will be written (msg_cancel.go)
+	kindAbort     kind = 8  // any -> all: the rendezvous is aborted (msg_abort.go)
+	kindClosed    kind = 9  // any -> all: this rank closed its rendezvous (msg_abort.go)
+	kindRelease   kind = 10 // receiver -> sender: contents read, release them (msg_cancel.go)
 )
 
 var kindNames = map[kind]string{kindRequest: "TENSOR_REQUEST", kindReRequest: "TENSOR_RE_REQUEST", kindMeta: "META_DATA_RESPONSE",
-	kindNotify: "NOTIFY", kindError: "ERROR_STATUS", kindCancel: "CANCEL", kindCancelled: "CANCELLED", kindAbort: "ABORT", kindClosed: "CLOSED"}
+	kindNotify: "NOTIFY", kindError: "ERROR_STATUS", kindCancel: "CANCEL", kindCancelled: "CANCELLED", kindAbort: "ABORT", kindClosed: "CLOSED", kindRelease: "RELEASE"}
 
 func (k kind) String() string {
 	if s, ok := kindNames[k]; ok {
@@ -93,6 +93,8 @@ func decode(b []byte) (message, int, error) {
 		m = decodeCancel(r, k == kindCancelled)
 	case kindAbort, kindClosed:
 		m = decodeAbort(r, k == kindClosed)
+	case kindRelease:
+		m = decodeRelease(r)
 	default:
 		return nil, 0, fmt.Errorf("%w: unknown kind %d", ErrBadMessage, b[1])
 	}

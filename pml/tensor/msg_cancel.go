@@ -23,19 +23,43 @@ func (m *cancelMsg) kind() kind {
 	return kindCancel
 }
 
-func (m *cancelMsg) appendBody(b []byte) []byte {
-	b = binary.AppendUvarint(b, uint64(len(m.indices)))
-	for _, i := range m.indices {
+func (m *cancelMsg) appendBody(b []byte) []byte { return appendIndices(b, m.indices) }
+
+func decodeCancel(r *reader, cancelled bool) *cancelMsg {
+	return &cancelMsg{cancelled: cancelled, indices: r.indices()}
+}
+
+// appendIndices appends a list of request indices: u count, count x u.
+func appendIndices(b []byte, idx []uint32) []byte {
+	b = binary.AppendUvarint(b, uint64(len(idx)))
+	for _, i := range idx {
 		b = binary.AppendUvarint(b, uint64(i))
 	}
 	return b
 }
 
-func decodeCancel(r *reader, cancelled bool) *cancelMsg {
+// indices reads a list of request indices (nil when empty).
+func (r *reader) indices() []uint32 {
 	n := r.count(1)
-	m := &cancelMsg{cancelled: cancelled, indices: make([]uint32, 0, n)}
-	for i := 0; i < n && r.err == nil; i++ {
-		m.indices = append(m.indices, r.index())
+	if n == 0 {
+		return nil
 	}
-	return m
+	out := make([]uint32, 0, n)
+	for i := 0; i < n && r.err == nil; i++ {
+		out = append(out, r.index())
+	}
+	return out
 }
+
+// RELEASE (receiver -> sender): the receiver finished reading these
+// contents (pull); the sender releases their registrations. Releases
+// usually ride in the next TENSOR_REQUEST to the sender; RELEASE carries
+// them when many wait. Layout as CANCEL.
+type releaseMsg struct {
+	indices []uint32
+}
+
+func (m *releaseMsg) kind() kind                 { return kindRelease }
+func (m *releaseMsg) appendBody(b []byte) []byte { return appendIndices(b, m.indices) }
+
+func decodeRelease(r *reader) *releaseMsg { return &releaseMsg{indices: r.indices()} }

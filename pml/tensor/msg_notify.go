@@ -12,10 +12,13 @@ import "encoding/binary"
 //	  u   request index
 //	  b   how the content came: 0 none (dead or empty tensor), 1 put into
 //	      the registered destination, 2 inline (the bytes follow here),
-//	      3 a separate MPI message of tag dataTag(index)
+//	      3 a separate MPI message of tag dataTag(index), 4 get: the
+//	      receiver reads it from the sender's registered memory (it
+//	      asked to pull)
 //	  b   1 when a CRC-32C of the content follows (WithChecksum), else 0
 //	  [u32 CRC-32C]
 //	  [str content]   (via = 2)
+//	  [str handle]    (via = 4: the content's registration)
 type notifyMsg struct {
 	entries []notifyEntry
 }
@@ -27,6 +30,7 @@ const (
 	viaPut     via = 1
 	viaInline  via = 2
 	viaMessage via = 3
+	viaGet     via = 4
 )
 
 type notifyEntry struct {
@@ -35,6 +39,7 @@ type notifyEntry struct {
 	hasSum bool
 	sum    uint32
 	inline []byte
+	handle []byte // viaGet
 }
 
 func (m *notifyMsg) kind() kind { return kindNotify }
@@ -47,8 +52,11 @@ func (m *notifyMsg) appendBody(b []byte) []byte {
 		if e.hasSum {
 			b = binary.LittleEndian.AppendUint32(b, e.sum)
 		}
-		if e.via == viaInline {
+		switch e.via {
+		case viaInline:
 			b = appendBytes(b, e.inline)
+		case viaGet:
+			b = appendBytes(b, e.handle)
 		}
 	}
 	return b
@@ -61,7 +69,7 @@ func decodeNotify(r *reader) *notifyMsg {
 		var e notifyEntry
 		e.index = r.index()
 		e.via = via(r.u8())
-		if e.via > viaMessage {
+		if e.via > viaGet {
 			r.fail("content path %d", e.via)
 		}
 		switch r.u8() {
@@ -72,8 +80,11 @@ func decodeNotify(r *reader) *notifyMsg {
 		default:
 			r.fail("checksum flag is neither 0 nor 1")
 		}
-		if e.via == viaInline {
+		switch e.via {
+		case viaInline:
 			e.inline = append([]byte{}, r.bytes(maxMessage)...)
+		case viaGet:
+			e.handle = append([]byte{}, r.bytes(maxHandle)...)
 		}
 		m.entries = append(m.entries, e)
 	}

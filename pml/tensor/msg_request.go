@@ -11,16 +11,24 @@ import "encoding/binary"
 //	  s   step
 //	  str name
 //	  b   flags: 1 = meta-data follows (the receiver's cached copy),
-//	             2 = a destination handle follows
+//	             2 = a destination handle follows,
+//	             4 = pull: the receiver reads the content from the
+//	                 sender's memory (answer NOTIFY via get with a
+//	                 handle); never with 2
 //	  [meta-data]                       (msg.go)
 //	  [str handle, str transport name]  the registered destination and the
 //	                                    transport that registered it
+//	u count
+//	count x u request index   released: contents the receiver finished
+//	                          reading (pull); the sender releases their
+//	                          registrations
 //
 // A request without meta-data is a cache miss: the sender answers with
 // META_DATA_RESPONSE. A TENSOR_RE_REQUEST always has both.
 type requestMsg struct {
-	re      bool
-	entries []reqEntry
+	re       bool
+	entries  []reqEntry
+	released []uint32
 }
 
 type reqEntry struct {
@@ -31,11 +39,13 @@ type reqEntry struct {
 	meta      meta
 	handle    []byte // nil: no destination
 	transport string
+	pull      bool // the receiver reads the content (reqPull)
 }
 
 const (
 	reqHasMeta   = 1
 	reqHasHandle = 2
+	reqPull      = 4
 )
 
 func (m *requestMsg) kind() kind {
@@ -50,7 +60,7 @@ func (m *requestMsg) appendBody(b []byte) []byte {
 	for _, e := range m.entries {
 		b = e.append(b)
 	}
-	return b
+	return appendIndices(b, m.released)
 }
 
 func (e *reqEntry) append(b []byte) []byte {
@@ -63,6 +73,9 @@ func (e *reqEntry) append(b []byte) []byte {
 	}
 	if e.handle != nil {
 		flags |= reqHasHandle
+	}
+	if e.pull {
+		flags |= reqPull
 	}
 	b = append(b, flags)
 	if e.hasMeta {
@@ -89,9 +102,10 @@ func decodeRequest(r *reader, re bool) *requestMsg {
 		e.step = r.varint()
 		e.name = r.str(MaxName)
 		flags := r.u8()
-		if flags&^(reqHasMeta|reqHasHandle) != 0 {
+		if flags&^(reqHasMeta|reqHasHandle|reqPull) != 0 || flags&reqHasHandle != 0 && flags&reqPull != 0 {
 			r.fail("request flags %#x", flags)
 		}
+		e.pull = flags&reqPull != 0
 		if flags&reqHasMeta != 0 {
 			e.hasMeta = true
 			e.meta = r.meta()
@@ -109,6 +123,9 @@ func decodeRequest(r *reader, re bool) *requestMsg {
 			}
 		}
 		m.entries = append(m.entries, e)
+	}
+	if r.err == nil {
+		m.released = r.indices()
 	}
 	return m
 }

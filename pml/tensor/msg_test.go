@@ -18,9 +18,11 @@ func samples() []message {
 			{index: 3, step: 7, name: "dead", hasMeta: true, meta: meta{dtype: Int64, shape: []int64{5}, dead: true}},
 		}},
 		&requestMsg{re: true, entries: []reqEntry{{index: 9, step: 1, name: "s", hasMeta: true, meta: meta{dtype: String, shape: []int64{2}, bytes: 9}}}},
+		&requestMsg{entries: []reqEntry{{index: 10, step: 2, name: "big", hasMeta: true, meta: meta{dtype: Uint8, shape: []int64{1 << 20}, bytes: 1 << 20}, pull: true}},
+			released: []uint32{3, 0x01000004}},
 		&metaMsg{entries: []metaEntry{{index: 1, meta: m}, {index: 0xffffffff, meta: meta{dtype: Bool, shape: []int64{}, bytes: 1}}}},
 		&notifyMsg{entries: []notifyEntry{{index: 1, via: viaPut}, {index: 2, via: viaInline, hasSum: true, sum: 0xdeadbeef, inline: []byte("abc")},
-			{index: 3, via: viaMessage}, {index: 4, via: viaNone, hasSum: true}}},
+			{index: 3, via: viaMessage}, {index: 4, via: viaNone, hasSum: true}, {index: 5, via: viaGet, handle: []byte{9, 8, 7}}}},
 		&errorMsg{index: 5, text: "invalid dtype 99"},
 		&errorMsg{index: 6, text: "loss is NaN", class: classAborted},
 		&errorMsg{index: 7, text: "closed", class: classClosed},
@@ -28,6 +30,7 @@ func samples() []message {
 		&cancelMsg{cancelled: true, indices: []uint32{4}},
 		&abortMsg{text: "boom"},
 		&abortMsg{closed: true},
+		&releaseMsg{indices: []uint32{1, 0xfeffffff}},
 	}
 }
 
@@ -77,6 +80,9 @@ func normal(m message) message {
 			if len(c.entries[i].inline) == 0 {
 				c.entries[i].inline = nil
 			}
+			if len(c.entries[i].handle) == 0 {
+				c.entries[i].handle = nil
+			}
 		}
 		return &c
 	}
@@ -102,6 +108,8 @@ func TestDecodeRejects(t *testing.T) {
 		"index > u32":  binary.AppendUvarint([]byte{wireVersion, byte(kindError)}, 1<<33),
 		"error class":  {wireVersion, byte(kindError), 1, 1, 'x', byte(classCount)},
 		"no class":     {wireVersion, byte(kindError), 1, 1, 'x'},
+		"pull+handle":  (&requestMsg{entries: []reqEntry{{index: 1, name: "x", handle: []byte{1}, pull: true}}}).appendBody([]byte{wireVersion, byte(kindRequest)}),
+		"no released":  {wireVersion, byte(kindRequest), 1, 1, 0, 1, 'x', 0},
 	}
 	for name, b := range cases {
 		t.Run(name, func(t *testing.T) {

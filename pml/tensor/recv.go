@@ -24,6 +24,7 @@ type recvReq struct {
 	proxyMod  btl.Module
 	handle    []byte
 	transport string
+	pull      bool // the receiver reads the content (its transport's Get finishes within the call)
 
 	done   func(Tensor, error) // RecvAsync's callback, or
 	w      *recvWaiter         // Recv's waiter
@@ -77,7 +78,7 @@ func (r *Rendezvous) start(step int64, name string, src int, done func(Tensor, e
 	if m, ok := r.cache[cacheKey{src, name}]; ok {
 		r.st.hits.Add(1)
 		r.destLocked(rq, m)
-		e.hasMeta, e.meta, e.handle, e.transport = true, m, rq.handle, rq.transport
+		e.hasMeta, e.meta, e.handle, e.transport, e.pull = true, m, rq.handle, rq.transport, rq.pull
 	} else {
 		r.st.misses.Add(1)
 	}
@@ -92,15 +93,23 @@ func (r *Rendezvous) start(step int64, name string, src int, done func(Tensor, e
 
 // destLocked allocates rq's destination for m and registers it with the
 // transport to rq.src when that transport can put. A destination the
-// transport does not register gets a registered proxy buffer.
+// transport does not register gets a registered proxy buffer. A content
+// of pullMin bytes or more that the transport can read within its call
+// (btl.SyncGetter: shared memory, where a Get is copied by both
+// processes at once, and in-process ranks) is pulled instead: nothing is
+// registered here, the sender exposes the content and this rank reads it.
 func (r *Rendezvous) destLocked(rq *recvReq, m meta) {
 	rq.m = m
-	rq.dest, rq.handle, rq.transport = nil, nil, ""
+	rq.dest, rq.handle, rq.transport, rq.pull = nil, nil, "", false
 	if m.dead || m.bytes == 0 {
 		return
 	}
 	rq.dest = r.pool.get(int(m.bytes))
 	ep := r.endpoint(rq.src)
+	if r.canPull(ep, m.bytes) {
+		rq.pull = true
+		return
+	}
 	if ep == nil || ep.Module().Caps()&btl.CapPut == 0 {
 		return // the content comes in a message
 	}
@@ -122,13 +131,23 @@ func (r *Rendezvous) destLocked(rq *recvReq, m meta) {
 	rq.transport = mod.Name()
 }
 
+// canPull reports whether a content of n bytes from the peer of ep is
+// read by this rank (destLocked).
+func (r *Rendezvous) canPull(ep btl.Endpoint, n uint64) bool {
+	if ep == nil || r.cfg.pullMin <= 0 || n < uint64(r.cfg.pullMin) || r.cfg.forceProxy || ep.Module().Caps()&btl.CapGet == 0 {
+		return false
+	}
+	_, ok := ep.(btl.SyncGetter)
+	return ok
+}
+
 // requestLocked sends a TENSOR_REQUEST or TENSOR_RE_REQUEST entry, or
 // queues it in the source's batch. now: the entry goes at once (a Recv's,
 // which waits for it anyway), and the source's batch with it.
 func (r *Rendezvous) requestLocked(rq *recvReq, e reqEntry, re, now bool, out *outbox) {
 	b := &r.batch[rq.src]
 	if !r.cfg.batching || now && len(b.req)+len(b.re) == 0 {
-		out.msg(rq.src, &requestMsg{re: re, entries: []reqEntry{e}})
+		out.msg(rq.src, &requestMsg{re: re, entries: []reqEntry{e}, released: r.takeReleasedLocked(rq.src)})
 		return
 	}
 	if re {
@@ -224,7 +243,7 @@ func (r *Rendezvous) splitLocked(p int, es []reqEntry, re bool, out *outbox) {
 			}
 			n++
 		}
-		out.msg(p, &requestMsg{re: re, entries: es[:n:n]})
+		out.msg(p, &requestMsg{re: re, entries: es[:n:n], released: r.takeReleasedLocked(p)})
 		es = es[n:]
 	}
 }
@@ -335,7 +354,7 @@ func (r *Rendezvous) onMetaLocked(peer int, m *metaMsg, out *outbox) {
 		rq.sentRe = true
 		r.st.reRequests.Add(1)
 		r.requestLocked(rq, reqEntry{index: rq.idx, step: rq.key.step, name: rq.key.name, hasMeta: true, meta: e.meta,
-			handle: rq.handle, transport: rq.transport}, true, rq.w != nil, out)
+			handle: rq.handle, transport: rq.transport, pull: rq.pull}, true, rq.w != nil, out)
 	}
 }
 
@@ -350,6 +369,13 @@ func (r *Rendezvous) onNotifyLocked(peer int, m *notifyMsg, out *outbox) {
 		if e.via == viaMessage {
 			r.awaitMessageLocked(rq, e)
 			continue
+		}
+		if e.via == viaGet && rq.pull && !rq.told {
+			out.gets = append(out.gets, pendingGet{rq, e}) // read after r.mu is released
+			continue
+		}
+		if e.via == viaGet && rq.pull {
+			r.releasedLocked(rq.src, rq.idx, int(rq.m.bytes), out) // given up: nothing to read
 		}
 		t, err := r.contentLocked(rq, e)
 		if rq.told && rq.dest != nil {
@@ -399,6 +425,10 @@ func (r *Rendezvous) contentLocked(rq *recvReq, e notifyEntry) (Tensor, error) {
 	case viaNone:
 		if n != 0 {
 			return Tensor{}, r.protoErr(rq, "no content for %d bytes", n)
+		}
+	case viaGet:
+		if !rq.pull {
+			return Tensor{}, r.protoErr(rq, "a content to read that was not asked for")
 		}
 	case viaPut:
 		if rq.reg == nil {
@@ -505,6 +535,13 @@ func (r *Rendezvous) peerGoneLocked(p int, err error, out *outbox) {
 	}
 	b := &r.batch[p]
 	b.req, b.re = nil, nil
+	r.rel[p], r.relBytes[p] = nil, 0
+	for k, reg := range r.exposed { // p reads no more
+		if k.peer == p {
+			reg.Release()
+			delete(r.exposed, k)
+		}
+	}
 	for k, rs := range r.resps {
 		if k.peer == p {
 			r.returnLocked(rs, out)
@@ -533,4 +570,73 @@ func peerFailure(p int, err error) error {
 		err = mpierr.Errorf(mpi.ErrProcFailed, "rank %d failed", p)
 	}
 	return fmt.Errorf("tensor: rank %d: %w", p, err)
+}
+
+// pendingGet is a content this rank reads from the sender (pull), once
+// the handler that took its NOTIFY released r.mu.
+type pendingGet struct {
+	rq *recvReq
+	e  notifyEntry
+}
+
+// pull reads rq's content from the sender's registered memory, then
+// completes rq and notes the release of the sender's registration. It
+// runs without r.mu, on the goroutine that handled the NOTIFY: the copy
+// happens where the receiver waits (over shared memory, with the
+// sender's help when it has nothing else to do).
+func (r *Rendezvous) pull(g pendingGet) {
+	rq, e := g.rq, g.e
+	n := int(rq.m.bytes)
+	var err error
+	if sg, ok := r.endpoint(rq.src).(btl.SyncGetter); ok {
+		err = sg.GetNow(rq.dest[:n], e.handle, 0)
+	} else {
+		err = fmt.Errorf("the transport to rank %d cannot read", rq.src)
+	}
+	r.st.gets.Add(1)
+	var out outbox
+	r.mu.Lock()
+	r.releasedLocked(rq.src, rq.idx, n, &out)
+	if r.reqs[rq.idx] == rq {
+		var t Tensor
+		if err != nil {
+			err = fmt.Errorf("tensor %q step %d from rank %d: read the content: %w", rq.key.name, rq.key.step, rq.src, err)
+		} else {
+			t, err = r.contentLocked(rq, e)
+		}
+		if rq.told && rq.dest != nil {
+			r.pool.put(rq.dest)
+		}
+		r.finishLocked(rq)
+		r.tellLocked(rq, t, err, &out)
+	}
+	r.mu.Unlock()
+	r.run(&out)
+}
+
+// Releases wait for the next request to their sender, up to these
+// bounds, beyond which a RELEASE message takes them.
+const (
+	releaseMax      = 16
+	releaseMaxBytes = 64 << 20
+)
+
+// releasedLocked notes that the content of request idx from src (n
+// bytes) was read: the sender may release its registration.
+func (r *Rendezvous) releasedLocked(src int, idx uint32, n int, out *outbox) {
+	if r.closed || r.peerErr[src] != nil {
+		return
+	}
+	r.rel[src] = append(r.rel[src], idx)
+	r.relBytes[src] += n
+	if len(r.rel[src]) >= releaseMax || r.relBytes[src] >= releaseMaxBytes {
+		out.msg(src, &releaseMsg{indices: r.takeReleasedLocked(src)})
+	}
+}
+
+// takeReleasedLocked returns the releases waiting for src and forgets them.
+func (r *Rendezvous) takeReleasedLocked(src int) []uint32 {
+	idx := r.rel[src]
+	r.rel[src], r.relBytes[src] = nil, 0
+	return idx
 }

@@ -53,8 +53,15 @@ type Option func(*config)
 type config struct {
 	checksum   bool
 	batching   bool
+	pullMin    int  // contents of at least this many bytes are read by the receiver where it can (0: never)
 	forceProxy bool // tests: every destination goes through a proxy buffer
 }
+
+// defaultPullMin is the smallest content a receiver reads itself over a
+// transport whose Get finishes within its call: sm's default for sharing
+// a Get between both processes (btl_sm_get_split), from which a read is
+// faster than the sender's single-process put.
+const defaultPullMin = 32 << 10
 
 // WithChecksum turns data validation on or off: every transfer carries a
 // CRC-32C of the content, which the receiver verifies; a mismatch fails the
@@ -89,11 +96,13 @@ type Stats struct {
 	MessageContents int64 // contents this rank sent in messages (the transport could not put)
 	ProxyCopies     int64 // receives whose content came through a proxy buffer
 	Cancels         int64 // receives given up because their context ended
+	Gets            int64 // contents this rank read from the sender's memory (large contents over shared memory)
 }
 
 type counters struct {
 	requests, reRequests, hits, misses, written, errors        atomic.Int64
 	metas, control, notifies, puts, msgContents, proxies, cncl atomic.Int64
+	gets                                                       atomic.Int64
 }
 
 // key names a tensor in a sender's table.
@@ -140,15 +149,18 @@ type Rendezvous struct {
 	mu sync.Mutex // guards every field below, up to st
 	// Sender side.
 	table   map[key]*sent
-	waiting map[key][]*resp   // requests that arrived before their tensor
-	resps   map[respKey]*resp // requests waiting for their tensor or for a TENSOR_RE_REQUEST
+	waiting map[key][]*resp              // requests that arrived before their tensor
+	resps   map[respKey]*resp            // requests waiting for their tensor or for a TENSOR_RE_REQUEST
+	exposed map[respKey]btl.Registration // contents registered for their receiver to read, until it releases them
 	// Receiver side.
-	reqs    map[uint32]*recvReq
-	nextIdx uint32
-	cache   map[cacheKey]meta
-	batch   []pendingBatch // by source rank (WithBatching)
-	pool    bufPool
-	proxies map[btl.Module][]*proxyBuf // registered proxy buffers not in use
+	reqs     map[uint32]*recvReq
+	nextIdx  uint32
+	cache    map[cacheKey]meta
+	batch    []pendingBatch // by source rank (WithBatching)
+	rel      [][]uint32     // by source rank: contents read, whose release waits for the next request
+	relBytes []int
+	pool     bufPool
+	proxies  map[btl.Module][]*proxyBuf // registered proxy buffers not in use
 	// Both.
 	peerErr []error // by rank: why requests to and from it fail (dead, closed)
 	aborted error
@@ -169,7 +181,7 @@ type Rendezvous struct {
 // no rank's first request reaches a rank that is not ready). Close
 // releases it.
 func New(c *mpi.Comm, opts ...Option) (*Rendezvous, error) {
-	cfg := config{batching: true}
+	cfg := config{batching: true, pullMin: defaultPullMin}
 	for _, o := range opts {
 		if o != nil {
 			o(&cfg)
@@ -193,6 +205,7 @@ func New(c *mpi.Comm, opts ...Option) (*Rendezvous, error) {
 		table: map[key]*sent{}, waiting: map[key][]*resp{}, resps: map[respKey]*resp{},
 		reqs: map[uint32]*recvReq{}, nextIdx: 1, cache: map[cacheKey]meta{},
 		batch: make([]pendingBatch, dup.Size()), proxies: map[btl.Module][]*proxyBuf{},
+		exposed: map[respKey]btl.Registration{}, rel: make([][]uint32, dup.Size()), relBytes: make([]int, dup.Size()),
 		peerErr: make([]error, dup.Size()),
 		kick:    make(chan struct{}, 1), stop: make(chan struct{}), pumpDone: make(chan struct{}),
 	}
@@ -427,6 +440,7 @@ func (r *Rendezvous) Stats() Stats {
 		BytesWritten: c.written.Load(), Errors: c.errors.Load(),
 		MetaResponses: c.metas.Load(), ControlMessages: c.control.Load(), Notifications: c.notifies.Load(),
 		Puts: c.puts.Load(), MessageContents: c.msgContents.Load(), ProxyCopies: c.proxies.Load(), Cancels: c.cncl.Load(),
+		Gets: c.gets.Load(),
 	}
 }
 
@@ -470,6 +484,10 @@ func (r *Rendezvous) Close() error {
 		}
 		delete(r.proxies, m)
 	}
+	for k, reg := range r.exposed {
+		reg.Release()
+		delete(r.exposed, k)
+	}
 	clear(r.table)
 	clear(r.waiting)
 	clear(r.resps)
@@ -485,6 +503,7 @@ func (r *Rendezvous) Close() error {
 type outbox struct {
 	msgs   []outMsg
 	writes []*resp
+	gets   []pendingGet
 	tells  []func()
 }
 
@@ -503,6 +522,9 @@ func (r *Rendezvous) run(o *outbox) {
 	}
 	if len(o.writes) > 0 {
 		r.write(o.writes)
+	}
+	for _, g := range o.gets {
+		r.pull(g)
 	}
 	for _, f := range o.tells {
 		f()

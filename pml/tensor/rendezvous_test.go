@@ -69,17 +69,26 @@ func run(t *testing.T, n int, opts []tensor.Option, body func(w *mpi.Comm, rv *t
 }
 
 func TestSteadyStateAndFirstStep(t *testing.T) {
+	noPull := tensor.WithPullMin(0)
+	type path int
+	const (
+		viaPut path = iota
+		viaGet
+		viaMessage
+	)
 	for _, tc := range []struct {
 		name  string
 		opts  []tensor.Option
 		mopts []mpi.Option
-		puts  bool
+		path  path
 	}{
-		{"put", nil, nil, true},
-		{"checksum", []tensor.Option{tensor.WithChecksum(true)}, nil, true},
-		{"batching", []tensor.Option{tensor.WithBatching(true)}, nil, true},
-		{"proxy", []tensor.Option{tensor.WithForcedProxy()}, nil, true},
-		{"noput", nil, []mpi.Option{mpi.WithParam("btl_self_flags", "send,sendi,inplace")}, false},
+		{"put", []tensor.Option{noPull}, nil, viaPut},
+		{"get", nil, nil, viaGet},
+		{"checksum", []tensor.Option{noPull, tensor.WithChecksum(true)}, nil, viaPut},
+		{"checksum-get", []tensor.Option{tensor.WithChecksum(true)}, nil, viaGet},
+		{"nobatching", []tensor.Option{noPull, tensor.WithBatching(false)}, nil, viaPut},
+		{"proxy", []tensor.Option{tensor.WithForcedProxy()}, nil, viaPut},
+		{"noput", nil, []mpi.Option{mpi.WithParam("btl_self_flags", "send,sendi,inplace")}, viaMessage},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			run(t, 2, tc.opts, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
@@ -130,11 +139,20 @@ func TestSteadyStateAndFirstStep(t *testing.T) {
 					if st.MetaResponses != 2 || st.ControlMessages != 2 {
 						return fmt.Errorf("sender stats %+v", st)
 					}
-					if tc.puts && st.Puts != steps || !tc.puts && st.MessageContents != steps {
+					if tc.path == viaPut && st.Puts != steps || tc.path == viaMessage && st.MessageContents != steps ||
+						tc.path == viaGet && (st.Puts != 0 || st.MessageContents != 0) {
 						return fmt.Errorf("sender stats %+v", st)
+					}
+					// The receiver releases a content it read with its next
+					// request: only the last one can still be exposed.
+					if n := rv.Exposed(); tc.path == viaGet && n > 1 || tc.path != viaGet && n != 0 {
+						return fmt.Errorf("%d contents exposed", n)
 					}
 				} else {
 					if st.Requests != steps || st.ReRequests != 2 || st.CacheMisses != 1 || st.CacheHits != steps-1 {
+						return fmt.Errorf("receiver stats %+v", st)
+					}
+					if tc.path == viaGet && st.Gets != steps || tc.path != viaGet && st.Gets != 0 {
 						return fmt.Errorf("receiver stats %+v", st)
 					}
 					if reqs, regs := rv.Pending(); reqs != 0 || regs != 0 {

@@ -25,8 +25,10 @@ type resp struct {
 	metaSent bool     // META_DATA_RESPONSE went out; a TENSOR_RE_REQUEST is awaited
 }
 
-// onRequestLocked takes TENSOR_REQUEST and TENSOR_RE_REQUEST entries.
+// onRequestLocked takes TENSOR_REQUEST and TENSOR_RE_REQUEST entries
+// (and the releases they carry first).
 func (r *Rendezvous) onRequestLocked(peer int, m *requestMsg, out *outbox) {
+	r.releaseLocked(peer, m.released)
 	for _, e := range m.entries {
 		rk := respKey{peer, e.index}
 		if m.re {
@@ -94,6 +96,17 @@ func (r *Rendezvous) onReRequestLocked(rk respKey, e reqEntry, out *outbox) {
 	rs.req = e
 	delete(r.resps, rk)
 	out.writes = append(out.writes, rs)
+}
+
+// releaseLocked releases the registrations of contents peer has read.
+func (r *Rendezvous) releaseLocked(peer int, idx []uint32) {
+	for _, i := range idx {
+		k := respKey{peer, i}
+		if reg := r.exposed[k]; reg != nil {
+			reg.Release()
+			delete(r.exposed, k)
+		}
+	}
 }
 
 // answerErrorLocked fails a request with ERROR_STATUS.
@@ -196,6 +209,21 @@ func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
 	}
 	r.st.written.Add(int64(len(content)))
 	ep := r.endpoint(rs.peer)
+	if rs.req.pull && ep != nil && ep.Module().Caps()&btl.CapGet != 0 {
+		// The receiver reads the content: expose it until it says it did.
+		if reg, err := ep.Module().Register(content, btl.AccessRemoteRead); err == nil {
+			ne.via, ne.handle = viaGet, bytes.Clone(reg.Handle())
+			r.mu.Lock()
+			if r.closed || r.peerErr[rs.peer] != nil {
+				reg.Release()
+			} else {
+				r.exposed[respKey{rs.peer, rs.idx}] = reg
+			}
+			r.mu.Unlock()
+			return ne, true
+		}
+		// Not registered: the content goes as a message (below).
+	}
 	if rs.req.handle != nil && ep != nil && ep.Module().Caps()&btl.CapPut != 0 && ep.Module().Name() == rs.req.transport {
 		ne.via = viaPut
 		w := r.pc.World(rs.peer)

@@ -403,6 +403,8 @@ func (r *Rendezvous) handle(peer int, b []byte) {
 		r.onNotifyLocked(peer, m, &out)
 	case *errorMsg:
 		r.onErrorLocked(peer, m, &out)
+	case *releaseMsg:
+		r.releaseLocked(peer, m.indices)
 	case *cancelMsg:
 		if m.cancelled {
 			r.onCancelledLocked(peer, m)

@@ -14,8 +14,9 @@
 //	                  (ErrAborted=BOOL)"
 //	tensor steady     rank 1 sends rank 0 a 64 KiB tensor per step; after
 //	                  the first steps rank 0 prints both ranks' control
-//	                  messages, puts and NOTIFYs per tensor in the steady
-//	                  state: "steady: control=C puts=P notifies=N"
+//	                  messages, puts (or gets, where the receiver reads)
+//	                  and NOTIFYs per tensor in the steady state:
+//	                  "steady: control=C puts=P notifies=N"
 package main
 
 import (
@@ -149,8 +150,8 @@ func exchange(ctx context.Context, w *mpi.Comm, rv *tensor.Rendezvous) error {
 		return err
 	}
 	st := rv.Stats()
-	fmt.Printf("rank %d: ok requests=%d rerequests=%d metas=%d control=%d puts=%d messages=%d hits=%d misses=%d errors=%d\n",
-		rank, st.Requests, st.ReRequests, st.MetaResponses, st.ControlMessages, st.Puts, st.MessageContents, st.CacheHits, st.CacheMisses, st.Errors)
+	fmt.Printf("rank %d: ok requests=%d rerequests=%d metas=%d control=%d puts=%d gets=%d messages=%d hits=%d misses=%d errors=%d\n",
+		rank, st.Requests, st.ReRequests, st.MetaResponses, st.ControlMessages, st.Puts, st.Gets, st.MessageContents, st.CacheHits, st.CacheMisses, st.Errors)
 	return nil
 }
 
@@ -223,7 +224,7 @@ func steady(ctx context.Context, w *mpi.Comm, rv *tensor.Rendezvous) error {
 		return err
 	}
 	after := rv.Stats()
-	mine := []int64{after.ControlMessages - before.ControlMessages, after.Puts - before.Puts, after.Notifications - before.Notifications}
+	mine := []int64{after.ControlMessages - before.ControlMessages, after.Puts + after.Gets - before.Puts - before.Gets, after.Notifications - before.Notifications}
 	switch w.Rank() {
 	case 1:
 		return w.Send(mine, 0, 7)
