@@ -459,6 +459,12 @@ func (d *device) releaseHeld() {
 
 // input decodes and checks one packet and hands it to its QP.
 func (d *device) input(pkt []byte, from netip.AddrPort) {
+	wireSync()
+	d.input1(pkt, from)
+	wireSync()
+}
+
+func (d *device) input1(pkt []byte, from netip.AddrPort) {
 	f := flow{src: from.Addr(), dst: d.addr, sport: from.Port(), dport: d.port}
 	if err := d.icrc.check(&f, pkt); err != nil {
 		if err == errICRC {

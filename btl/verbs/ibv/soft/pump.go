@@ -34,6 +34,7 @@ func (q *qp) pump(budget int) {
 		}
 		q.tx.dst = q.peer
 		q.mu.Unlock()
+		wireSync()
 		n, err := q.dev.sock.send(q.ts, q.tx)
 		c := &q.dev.ctr
 		c.pktSent.Add(uint64(n))
