@@ -26,10 +26,11 @@ func await(ctx context.Context, ch chan outcome) (outcome, error) {
 
 // TestCancel: a Recv whose context ends returns the context's error; its
 // request is withdrawn at the sender (nothing stays registered, nothing is
-// written later) and the tensor stays there for a later Recv. Both for a
-// small tensor (put) and a large one (the receiver reads it).
+// written later) and the tensor stays there for a later Recv. For a small
+// tensor (inline in the NOTIFY), a middle one (put into a registered
+// destination) and a large one (the receiver reads it).
 func TestCancel(t *testing.T) {
-	for _, size := range []int{256, 256 << 10} {
+	for _, size := range []int{256, 8 << 10, 256 << 10} {
 		t.Run(fmt.Sprintf("size=%d", size), func(t *testing.T) { testCancel(t, size) })
 	}
 }
@@ -38,7 +39,7 @@ func testCancel(t *testing.T, size int) {
 	run(t, 2, nil, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
 		ctx := deadline(t)
 		if w.Rank() == 0 {
-			// Warm the cache so the cancelled request carries a registered destination.
+			// Warm the cache so the cancelled request carries its destination.
 			if err := w.Send(nil, 1, 0); err != nil {
 				return err
 			}
@@ -151,8 +152,9 @@ func TestClose(t *testing.T) {
 		ctx := deadline(t)
 		ch := make(chan outcome, 2)
 		if w.Rank() == 0 {
-			// Warm the cache: the pending receive holds a registration.
-			if err := rv.Send(0, "x", tensor.Tensor{DType: tensor.Int64, Shape: []int64{8}, Data: make([]byte, 64)}); err != nil {
+			// Warm the cache: the pending receive holds a registration (8 KiB:
+			// not inline, not read by the receiver).
+			if err := rv.Send(0, "x", tensor.Tensor{DType: tensor.Int64, Shape: []int64{1024}, Data: make([]byte, 8192)}); err != nil {
 				return err
 			}
 			if _, err := rv.Recv(ctx, 0, "x", 0); err != nil {

@@ -98,6 +98,7 @@ func (r *Rendezvous) start(step int64, name string, src int, done func(Tensor, e
 // (btl.SyncGetter: shared memory, where a Get is copied by both
 // processes at once, and in-process ranks) is pulled instead: nothing is
 // registered here, the sender exposes the content and this rank reads it.
+// A content of at most inlineMax bytes comes inline in the NOTIFY.
 func (r *Rendezvous) destLocked(rq *recvReq, m meta) {
 	rq.m = m
 	rq.dest, rq.handle, rq.transport, rq.pull = nil, nil, "", false
@@ -105,6 +106,11 @@ func (r *Rendezvous) destLocked(rq *recvReq, m meta) {
 		return
 	}
 	rq.dest = r.pool.get(int(m.bytes))
+	if m.bytes <= inlineMax && !r.cfg.forceProxy {
+		// Small: the content rides in the NOTIFY (no registration here,
+		// no put, which over shared memory is a system call per tensor).
+		return
+	}
 	ep := r.endpoint(rq.src)
 	if r.canPull(ep, m.bytes) {
 		rq.pull = true

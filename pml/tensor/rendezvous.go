@@ -41,8 +41,11 @@ const dataTagBase = 1 << 29
 // dataTag is the tag of a content that travels as a separate message.
 func dataTag(index uint32) int { return dataTagBase | int(index&(dataTagBase-1)) }
 
-// inlineMax is the largest content a NOTIFY carries inline when the
-// transport cannot put; larger contents travel as a separate message.
+// inlineMax is the largest content a NOTIFY carries inline: every
+// content up to it (the receiver registers nothing for it, and the sender
+// makes no put, a system call over shared memory), and, when the
+// transport cannot put, nothing larger: those travel as a separate
+// message.
 const inlineMax = 4 << 10
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
