@@ -456,6 +456,7 @@ func (m *module) shutdown(orderly bool) error {
 	if !m.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	m.env.Logf("verbs: rank %d closing: %s", m.env.Rank, m.Status())
 	m.mu.Lock() // no endpoint is created after this
 	m.mu.Unlock()
 	var eps []*endpoint

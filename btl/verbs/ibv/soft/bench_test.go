@@ -2,6 +2,7 @@ package soft
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -78,7 +79,7 @@ func BenchmarkWriteLatency(b *testing.B) {
 		for _, spin := range []int{0, 1000} {
 			b.Run(dropName(drop)+"/spin="+itoa(spin), func(b *testing.B) {
 				o := defaultOpts()
-				o.timeout = 8 // 1 ms floor
+				o.timeout = 10 // 4 ms: a busy host may not run a spinning peer for a few ms
 				x := latencyEnd(b, Config{Drop: drop, Seed: 1}, o)
 				y := latencyEnd(b, Config{Drop: drop, Seed: 2}, o)
 				connect(b, x, y, o)
@@ -96,7 +97,9 @@ func BenchmarkWriteLatency(b *testing.B) {
 						return err
 					}
 					if c.Status != ibv.WCSuccess {
-						return &ibv.WCError{Status: c.Status}
+						var s [4]ibv.WC
+						k, _ := e.scq.Poll(s[:])
+						return fmt.Errorf("receive %v; send CQ %v; %+v", c.Status, s[:k], e.ctx.(*devContext).Counters())
 					}
 					if _, err := e.qp.PostRecv(recv); err != nil {
 						return err
