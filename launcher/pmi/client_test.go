@@ -152,10 +152,16 @@ func TestStoreWireUp(t *testing.T) {
 					require.NoError(t, err)
 					require.Equal(t, val(r, 3000), b)
 				}
+				// A key of a shape published before the fence that no
+				// rank published: an error at once.
+				_, err := j.Store.Get(ctx, "k.99.0")
+				require.ErrorIs(t, err, pmi.ErrNotFound)
+				// Of another shape: rank 0's store, waiting until ctx ends.
 				short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-				_, err := j.Store.Get(short, "btl.tcp.99")
+				_, err = j.Store.Get(short, "btl.tcp.99")
 				cancel()
 				require.ErrorIs(t, err, pmi.ErrNotFound)
+				require.ErrorIs(t, err, context.DeadlineExceeded)
 			}
 			// After the fence, a pair of ranks exchanges through rank 0's
 			// store: a Get waits for the peer's Set.

@@ -21,12 +21,16 @@ var ErrNotFound = errors.New("pmi: key not published by any rank")
 // the btl.Store that transports publish their addresses in.
 //
 // Before the job's wire-up fence (Job.Fence), Set is a PMI put. Get waits
-// for that fence and then is a PMI get: the addresses transports publish
-// while they open are read straight from the process manager. Keys set
-// after the fence (an exchange between two ranks, such as verbs' queue
-// pairs) go to rank 0's store (see live.go), and a Get that PMI does not
-// answer asks that store, waiting there until the key appears or ctx ends
-// (then an error wrapping ErrNotFound).
+// for that fence; then a key of a shape this rank published before the
+// fence (its digits aside: "btl.tcp.3" is of the shape of "btl.tcp.0") is
+// a PMI get, and one that no rank published is ErrNotFound at once: the
+// addresses transports publish while they open are read straight from the
+// process manager. Other keys are those of exchanges between two ranks
+// after the fence (verbs' queue pairs): their Set and Get go to rank 0's
+// store (see live.go), where Get waits until the key appears or ctx ends
+// (then an error wrapping ErrNotFound). The process manager's connection
+// is thus idle once the transports are up: hydra does not cope with a
+// rank that dies while a PMI request of its is in flight.
 //
 // Values are any bytes: in PMI they travel base64url encoded, split over
 // several keys when longer than the server's value limit; keys that PMI
@@ -36,13 +40,29 @@ type Store struct {
 	live   *live         // rank 0's store; nil when there is none (tests)
 	fenced chan struct{} // closed by the first successful fence
 
-	mu    sync.Mutex        // guards cache, done
-	cache map[string][]byte // values read after the fence (they no longer change)
-	done  bool              // fenced was closed
+	mu     sync.Mutex        // guards cache, done, shapes
+	cache  map[string][]byte // values read after the fence (they no longer change)
+	done   bool              // fenced was closed
+	shapes map[string]bool   // shapes of the keys Set before the fence
+}
+
+// shape is key with every run of digits replaced by '#'.
+func shape(key string) string {
+	b := make([]byte, 0, len(key))
+	for i := 0; i < len(key); i++ {
+		if key[i] >= '0' && key[i] <= '9' {
+			if len(b) == 0 || b[len(b)-1] != '#' {
+				b = append(b, '#')
+			}
+			continue
+		}
+		b = append(b, key[i])
+	}
+	return string(b)
 }
 
 func newStore(c *Client) *Store {
-	return &Store{c: c, fenced: make(chan struct{}), cache: map[string][]byte{}}
+	return &Store{c: c, fenced: make(chan struct{}), cache: map[string][]byte{}, shapes: map[string]bool{}}
 }
 
 // chunkSuffix leaves room in a key for the number of a continuation chunk.
@@ -79,6 +99,9 @@ func (s *Store) Set(key string, value []byte) error {
 		return c.Set(key, value)
 	default:
 	}
+	s.mu.Lock()
+	s.shapes[shape(key)] = true
+	s.mu.Unlock()
 	return s.put(context.Background(), key, value)
 }
 
@@ -118,17 +141,19 @@ func (s *Store) Get(ctx context.Context, key string) ([]byte, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("get %s before the wire-up fence: %w", key, context.Cause(ctx))
 	}
-	v, err := s.get(ctx, key)
-	if !errors.Is(err, ErrNotFound) || s.live == nil {
-		return v, err
+	s.mu.Lock()
+	static := s.shapes[shape(key)]
+	s.mu.Unlock()
+	if static || s.live == nil {
+		return s.get(ctx, key)
 	}
-	c, lerr := s.live.client(ctx)
-	if lerr != nil {
-		return nil, fmt.Errorf("get %s: %w (%w)", key, lerr, err)
+	c, err := s.live.client(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w (%w)", key, err, ErrNotFound)
 	}
-	v, lerr = c.Get(ctx, key)
-	if lerr != nil {
-		return nil, fmt.Errorf("get %s: %w (%w)", key, lerr, ErrNotFound)
+	v, err := c.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w (%w)", key, err, ErrNotFound)
 	}
 	return v, nil
 }
