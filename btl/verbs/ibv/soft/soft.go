@@ -35,10 +35,32 @@
 // times, then IBV_WC_RETRY_EXC_ERR) and on a READ response gap; it waits
 // out RNR NAKs rnr_retry times (7: forever), then IBV_WC_RNR_RETRY_EXC_ERR.
 //
+// Requester pacing, which the verbs leave to the implementation: a QP
+// sends at most a window of packets ahead of acknowledgement (Config.Window;
+// halved on each loss it learns of, grown back as windows are
+// acknowledged), asks for an ACK every quarter window, and asks for a READ
+// longer than the window in window-sized parts, since READ responses have
+// no acknowledgement to pace them. The local ACK timeout in force is the
+// QP's, or the measured round trip plus four times its variation when that
+// is longer (Jacobson's estimator); it never backs off, so retry_cnt
+// timeouts after the peer went silent the request fails.
+//
 // Memory regions get synthetic I/O virtual addresses (non-overlapping
 // page-aligned ranges per device) and random keys (lkey = rkey). Payloads
-// go from registered memory to the kernel through iovecs and from the
-// receive buffer into registered memory by one copy.
+// go from registered memory to the kernel through iovecs (sendmmsg, with
+// UDP GSO where the kernel has it) and from the receive buffer (recvmmsg,
+// with UDP GRO) into registered memory by one copy. The steady state
+// allocates nothing per packet.
+//
+// # Progress
+//
+// A receive goroutine per device is woken by Go's network poller, and a
+// poller of an empty CQ does the same work itself (one non-blocking pass
+// over the socket and one QP of the transmit worker's list): a user
+// spinning on Poll on a busy machine does not wait for the device's
+// goroutines to be scheduled. Posting sends from the caller's goroutine.
+// A transmit worker goroutine per device sends what exceeds a caller's
+// budget (long messages, READ responses, retransmissions).
 //
 // # Faults
 //
@@ -51,13 +73,18 @@
 //
 // # Wireshark
 //
-// The traffic is what Wireshark's RoCE dissector (infiniband over UDP
-// 4791) expects; TestWiresharkDissects captures a run with dumpcap on lo
-// and checks with tshark that no packet is malformed and every ICRC is
-// good. It skips, saying why, when tshark or capture rights are missing.
-// By hand: `tshark -i lo -f 'udp port 4791' -w f.pcap` during a run, then
-// `tshark -r f.pcap -Y 'infiniband && (_ws.malformed || _ws.expert.severity >= warning)'`
-// prints nothing.
+// The traffic is what Wireshark's InfiniBand dissector (RRoCE, UDP 4791)
+// reads: TestWiresharkDissects captures every opcode, ACKs and NAKs on lo
+// with dumpcap and checks with tshark that no packet is malformed or
+// warned about and that the ICRC of every packet, recomputed over the
+// captured IP and UDP headers, is right; it skips, saying why, when
+// tshark or capture rights are missing. By hand, with verbs_soft_gso=false
+// (over lo the kernel passes GSO runs of packets unsplit, so a capture
+// shows 64 KiB "packets"): capture with
+// `dumpcap -i lo -f 'udp port 4791' -w f.pcap` during a run, then
+// `tshark -r f.pcap --disable-protocol rpcordma -Y '_ws.malformed'`
+// prints nothing (the RPC-over-RDMA heuristic parses SEND payloads as its
+// own protocol and calls them malformed).
 package soft
 
 import (
