@@ -14,8 +14,11 @@
 //   - The sender waits for the tensor if it was not sent yet. When the
 //     meta-data matches, it writes the content straight into the
 //     destination with a transport put and sends a notification naming
-//     the request index: one control message and one put per tensor in
-//     the steady state.
+//     the request index (over verbs the write's immediate is the
+//     notification): one control message and one put per tensor in the
+//     steady state. Small contents ride in the notification instead; over
+//     shared memory a large one is read by the receiver, whose read both
+//     processes copy at once.
 //   - When the meta-data differs, or the receiver had none, the sender
 //     keeps a copy of the tensor and answers META_DATA_RESPONSE; the
 //     receiver updates its cache, allocates and registers a destination of
@@ -29,11 +32,12 @@
 // registered proxy buffer and one copy. WithChecksum adds a CRC-32C of the
 // content to every notification, which the receiver verifies.
 //
-// Control messages are ordinary MPI messages on a private duplicate of
-// the communicator, so they inherit its ordering and its failure
-// detection: a dead peer fails the receives that wait for it with
-// mpi.ErrProcFailed. docs/tensor.md has the message encodings and the
-// sequence diagrams.
+// Control messages are btl fragments of the rendezvous's tag range on the
+// endpoint the PML uses for the peer, handled wherever the transport
+// delivers them: Recv polls the PML while it waits, as a plain Recv does,
+// and handles the answer itself. The PML reports failures, so a dead peer
+// fails the receives that wait for it with mpi.ErrProcFailed.
+// docs/tensor.md has the message encodings and the sequence diagrams.
 //
 // A typical training step:
 //

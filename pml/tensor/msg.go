@@ -66,7 +66,9 @@ type message interface {
 
 // encode returns m's bytes: version, kind, body.
 func encode(m message) []byte {
-	return m.appendBody([]byte{wireVersion, byte(m.kind())})
+	b := make([]byte, 2, 128)
+	b[0], b[1] = wireVersion, byte(m.kind())
+	return m.appendBody(b)
 }
 
 // decode parses one control message that fills b. It returns the message

@@ -80,11 +80,13 @@ func decodeNotify(r *reader) *notifyMsg {
 		default:
 			r.fail("checksum flag is neither 0 nor 1")
 		}
+		// Both alias the message: a NOTIFY is handled within the call
+		// that delivered it, which keeps neither.
 		switch e.via {
 		case viaInline:
-			e.inline = append([]byte{}, r.bytes(maxMessage)...)
+			e.inline = r.bytes(maxMessage)
 		case viaGet:
-			e.handle = append([]byte{}, r.bytes(maxHandle)...)
+			e.handle = r.bytes(maxHandle)
 		}
 		m.entries = append(m.entries, e)
 	}

@@ -298,14 +298,14 @@ func (r *Rendezvous) tellLocked(rq *recvReq, t Tensor, err error, out *outbox) {
 	rq.told = true
 	if rq.w != nil {
 		w := rq.w
-		out.tells = append(out.tells, func() { w.tell(t, err) })
+		out.tells = append(out.tells, tell{w: w, t: t, err: err})
 		return
 	}
 	if r.async.Add(-1) == 0 {
 		r.wakePump() // nothing more to poll for
 	}
 	done := rq.done
-	out.tells = append(out.tells, func() { done(t, err) })
+	out.tells = append(out.tells, tell{done: done, t: t, err: err})
 }
 
 // msgMax is the largest control message to p that goes in one fragment.

@@ -507,7 +507,16 @@ type outbox struct {
 	msgs   []outMsg
 	writes []*resp
 	gets   []pendingGet
-	tells  []func()
+	tells  []tell
+}
+
+// tell is a receive's outcome for its caller: Recv's waiter or
+// RecvAsync's callback.
+type tell struct {
+	w    *recvWaiter
+	done func(Tensor, error)
+	t    Tensor
+	err  error
 }
 
 type outMsg struct {
@@ -529,8 +538,12 @@ func (r *Rendezvous) run(o *outbox) {
 	for _, g := range o.gets {
 		r.pull(g)
 	}
-	for _, f := range o.tells {
-		f()
+	for _, t := range o.tells {
+		if t.w != nil {
+			t.w.tell(t.t, t.err)
+		} else {
+			t.done(t.t, t.err)
+		}
 	}
 }
 

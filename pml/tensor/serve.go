@@ -172,26 +172,34 @@ func (r *Rendezvous) returnLocked(rs *resp, out *outbox) {
 // in one NOTIFY; a put that completes later sends its own. Called without
 // r.mu.
 func (r *Rendezvous) write(rss []*resp) {
-	notes := map[int]*notifyMsg{}
-	size := map[int]int{}
+	type note struct {
+		peer, size int
+		m          *notifyMsg
+	}
+	var notes []note // by peer, in the order they came (usually one)
 	for _, rs := range rss {
 		ne, now := r.writeOne(rs)
 		if !now {
 			continue
 		}
-		n := notes[rs.peer]
-		if n == nil || size[rs.peer]+len(ne.inline)+32 > r.msgMax(rs.peer) {
-			if n != nil {
-				r.send(rs.peer, n)
-			}
-			n = &notifyMsg{}
-			notes[rs.peer], size[rs.peer] = n, 16
+		i := 0
+		for i < len(notes) && notes[i].peer != rs.peer {
+			i++
 		}
-		n.entries = append(n.entries, ne)
-		size[rs.peer] += len(ne.inline) + 32
+		if i == len(notes) {
+			notes = append(notes, note{peer: rs.peer, size: 16, m: &notifyMsg{}})
+		}
+		n := &notes[i]
+		add := len(ne.inline) + len(ne.handle) + 32
+		if len(n.m.entries) > 0 && n.size+add > r.msgMax(rs.peer) {
+			r.send(rs.peer, n.m)
+			n.m, n.size = &notifyMsg{}, 16
+		}
+		n.m.entries = append(n.m.entries, ne)
+		n.size += add
 	}
-	for p, n := range notes {
-		r.send(p, n)
+	for _, n := range notes {
+		r.send(n.peer, n.m)
 	}
 }
 
