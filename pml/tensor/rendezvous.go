@@ -141,6 +141,7 @@ type Rendezvous struct {
 	slot    uint32      // this rendezvous's slot on its engine: the top byte of its request indices
 	hdr     []byte      // a whole message's fragment header (the context id), read only
 	toComm  map[int]int // world rank -> rank of the communicator (read only)
+	ident   bool        // every rank of the communicator is its world rank (read only)
 	fragMax []int       // by rank: the largest fragment the transport to it sends (read only)
 	msgID   atomic.Uint32
 	async   atomic.Int64 // RecvAsync receives not told yet (changed under mu)
@@ -213,10 +214,12 @@ func New(c *mpi.Comm, opts ...Option) (*Rendezvous, error) {
 		kick:    make(chan struct{}, 1), stop: make(chan struct{}), pumpDone: make(chan struct{}),
 	}
 	r.hdr = binary.LittleEndian.AppendUint32(nil, r.ctx)
+	r.ident = true
 	e := pc.Engine()
 	for p := 0; p < r.size; p++ {
 		w := pc.World(p)
 		r.toComm[w] = p
+		r.ident = r.ident && w == p
 		if ep := e.PeerEndpoint(w); ep != nil {
 			l := ep.Module().Limits()
 			r.fragMax[p] = max(l.EagerLimit, l.MaxSendSize)
@@ -237,6 +240,15 @@ func New(c *mpi.Comm, opts ...Option) (*Rendezvous, error) {
 		return nil, fmt.Errorf("tensor: %w", err)
 	}
 	return r, nil
+}
+
+// rankOf returns the communicator rank of world rank w.
+func (r *Rendezvous) rankOf(w int) (int, bool) {
+	if r.ident {
+		return w, w >= 0 && w < r.size
+	}
+	p, ok := r.toComm[w]
+	return p, ok
 }
 
 // endpoint returns the transport endpoint for communicator rank p.

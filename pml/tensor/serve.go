@@ -47,14 +47,14 @@ func (r *Rendezvous) onRequestLocked(peer int, m *requestMsg, out *outbox) {
 		if _, dup := r.resps[rk]; dup {
 			continue // the requester reused a live index: nothing sane to answer
 		}
-		r.resps[rk] = rs
 		s, ok := r.table[rs.key]
 		if !ok {
+			r.resps[rk] = rs
 			r.waiting[rs.key] = append(r.waiting[rs.key], rs)
 			continue
 		}
 		delete(r.table, rs.key)
-		r.matchLocked(rs, s, out)
+		r.matchLocked(rs, s, out) // (it keeps rs in resps only while a TENSOR_RE_REQUEST is awaited)
 	}
 }
 
@@ -76,6 +76,7 @@ func (r *Rendezvous) matchLocked(rs *resp, s *sent, out *outbox) {
 	if s.m.dtype != String && len(s.content) > 0 {
 		s.content = bytes.Clone(s.content)
 	}
+	r.resps[respKey{rs.peer, rs.idx}] = rs
 	rs.metaSent = true
 	r.st.metas.Add(1)
 	out.meta(rs.peer, metaEntry{index: rs.idx, meta: s.m})

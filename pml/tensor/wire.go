@@ -167,7 +167,7 @@ func (d *demux) onMessage(ep btl.Endpoint, hdr, data []byte) {
 		return // nothing names the rendezvous it was meant for
 	}
 	if r := d.lookup(ctx); r != nil {
-		if p, ok := r.toComm[ep.Peer()]; ok {
+		if p, ok := r.rankOf(ep.Peer()); ok {
 			r.handle(p, data)
 		}
 	}
@@ -182,7 +182,7 @@ func (d *demux) onPart(ep btl.Endpoint, hdr, data []byte) {
 	if r == nil {
 		return
 	}
-	p, ok := r.toComm[ep.Peer()]
+	p, ok := r.rankOf(ep.Peer())
 	if !ok {
 		return
 	}
@@ -209,7 +209,7 @@ func (d *demux) onImmediate(ep btl.Endpoint, hdr, _ []byte) {
 	if r == nil {
 		return
 	}
-	if p, ok := r.toComm[ep.Peer()]; ok {
+	if p, ok := r.rankOf(ep.Peer()); ok {
 		r.onImmediate(p, imm, count)
 	}
 }
@@ -335,7 +335,7 @@ func (r *Rendezvous) onFailure(w int, err error) {
 		r.fatal(err)
 		return
 	}
-	p, ok := r.toComm[w]
+	p, ok := r.rankOf(w)
 	if !ok || p == r.rank {
 		return
 	}
