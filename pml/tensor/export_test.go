@@ -33,3 +33,22 @@ func (r *Rendezvous) Pending() (reqs, regs int) {
 	}
 	return reqs, regs
 }
+
+// Inject hands b to the rendezvous as a control message from peer, as
+// the transport would deliver it (tagPart: as a part with header hdr).
+func (r *Rendezvous) Inject(peer int, part bool, hdr, b []byte) {
+	if !part {
+		r.handle(peer, b)
+		return
+	}
+	h, _, err := decodePartHdr(hdr)
+	if err != nil {
+		r.reject(peer, err)
+		return
+	}
+	if msg, err := r.assemble(peer, h, b); err != nil {
+		r.reject(peer, err)
+	} else if msg != nil {
+		r.handle(peer, msg)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/gompi-org/gompi/mpi"
@@ -234,6 +235,95 @@ func TestManySmallTensors(t *testing.T) {
 				}
 				if batching && st.ControlMessages >= st.Requests+st.ReRequests {
 					return fmt.Errorf("batching sent %d control messages for %d requests", st.ControlMessages, st.Requests+st.ReRequests)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestPartedMessages: with fragments of 1 KiB, control messages larger
+// than one (a request with a long name, batches of requests and NOTIFYs
+// with inline contents) go in parts and arrive whole.
+func TestPartedMessages(t *testing.T) {
+	small := []mpi.Option{mpi.WithParam("btl_self_max_send_size", "1k"), mpi.WithParam("btl_self_eager_limit", "1k")}
+	run(t, 2, nil, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
+		ctx := deadline(t)
+		long := strings.Repeat("n", 3000)
+		const n = 40
+		peer := 1 - w.Rank()
+		for step := range int64(3) {
+			ch := make(chan outcome, n)
+			for i := range n {
+				rv.RecvAsync(step, fmt.Sprintf("g/%d", i), peer, func(t tensor.Tensor, err error) { ch <- outcome{t, err} })
+			}
+			for i := range n {
+				if err := rv.Send(step, fmt.Sprintf("g/%d", i), tensor.Tensor{DType: tensor.Uint8, Shape: []int64{100}, Data: seq(100, byte(i))}); err != nil {
+					return err
+				}
+			}
+			if err := rv.Send(step, long, tensor.Tensor{DType: tensor.Uint8, Shape: []int64{3}, Data: seq(3, byte(step))}); err != nil {
+				return err
+			}
+			got, err := rv.Recv(ctx, step, long, peer)
+			if err != nil {
+				return err
+			}
+			if string(got.Data) != string(seq(3, byte(step))) {
+				return fmt.Errorf("step %d: long-named tensor %v", step, got.Data)
+			}
+			seen := map[string]bool{}
+			for range n {
+				o, err := await(ctx, ch)
+				if err != nil {
+					return err
+				}
+				if o.err != nil {
+					return o.err
+				}
+				seen[string(o.t.Data)] = true
+			}
+			for i := range n {
+				if !seen[string(seq(100, byte(i)))] {
+					return fmt.Errorf("step %d: tensor %d missing or wrong", step, i)
+				}
+			}
+		}
+		return nil
+	}, small...)
+}
+
+// TestBadControlMessage: a malformed control message (or part) from a
+// peer cuts it off: the receives from it fail with tensor.ErrBadMessage,
+// and it is told, so that its receives from this rank fail too.
+func TestBadControlMessage(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		part bool
+		hdr  []byte
+		msg  []byte
+	}{
+		{"unknown kind", false, nil, []byte{1, 99}},
+		{"truncated request", false, nil, []byte{1, 1, 5}},
+		{"part flag", true, []byte{0, 0, 0, 0, 1, 0, 0, 0, 7}, []byte{1}},
+		{"part too long", true, []byte{0, 0, 0, 0, 1, 0, 0, 0, 0}, make([]byte, 65<<10)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run(t, 2, nil, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
+				ctx := deadline(t)
+				if w.Rank() == 0 {
+					ch := make(chan outcome, 1)
+					rv.RecvAsync(0, "never", 1, func(t tensor.Tensor, err error) { ch <- outcome{t, err} })
+					rv.Inject(1, tc.part, tc.hdr, tc.msg)
+					o, err := await(ctx, ch)
+					if err != nil {
+						return err
+					}
+					if !errors.Is(o.err, tensor.ErrBadMessage) {
+						return fmt.Errorf("recv from the bad peer: %v", o.err)
+					}
+				} else if _, err := rv.Recv(ctx, 0, "never", 0); !errors.Is(err, tensor.ErrClosed) || !contains(err, "rejected") {
+					return fmt.Errorf("recv from the rank that rejected us: %v", err)
 				}
 				return nil
 			})
