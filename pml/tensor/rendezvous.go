@@ -516,10 +516,11 @@ func (r *Rendezvous) Close() error {
 // outbox collects what a handler decided under r.mu, to be done after:
 // control messages, writes and user notifications.
 type outbox struct {
-	msgs   []outMsg
-	writes []*resp
-	gets   []pendingGet
-	tells  []tell
+	msgs     []outMsg
+	writes   []*resp
+	gets     []pendingGet
+	tells    []tell
+	releases []btl.Registration // contents the receiver has read
 }
 
 // tell is a receive's outcome for its caller: Recv's waiter or
@@ -538,8 +539,8 @@ type outMsg struct {
 
 func (o *outbox) msg(peer int, m message) { o.msgs = append(o.msgs, outMsg{peer, m}) }
 
-// run does what o holds: messages first (in order), then writes, then the
-// user's completions. Called without r.mu.
+// run does what o holds: messages first (in order), then writes, reads,
+// the user's completions, and last the releases. Called without r.mu.
 func (r *Rendezvous) run(o *outbox) {
 	for _, m := range o.msgs {
 		r.send(m.peer, m.m)
@@ -556,6 +557,9 @@ func (r *Rendezvous) run(o *outbox) {
 		} else {
 			t.done(t.t, t.err)
 		}
+	}
+	for _, reg := range o.releases {
+		reg.Release()
 	}
 }
 

@@ -26,9 +26,9 @@ type resp struct {
 }
 
 // onRequestLocked takes TENSOR_REQUEST and TENSOR_RE_REQUEST entries
-// (and the releases they carry first).
+// (and the releases they carry).
 func (r *Rendezvous) onRequestLocked(peer int, m *requestMsg, out *outbox) {
-	r.releaseLocked(peer, m.released)
+	r.releaseLocked(peer, m.released, out)
 	for _, e := range m.entries {
 		rk := respKey{peer, e.index}
 		if m.re {
@@ -99,12 +99,14 @@ func (r *Rendezvous) onReRequestLocked(rk respKey, e reqEntry, out *outbox) {
 	out.writes = append(out.writes, rs)
 }
 
-// releaseLocked releases the registrations of contents peer has read.
-func (r *Rendezvous) releaseLocked(peer int, idx []uint32) {
+// releaseLocked takes the registrations of contents peer has read; out
+// releases them after its writes, which a request carrying releases
+// usually starts (they wait for nobody).
+func (r *Rendezvous) releaseLocked(peer int, idx []uint32, out *outbox) {
 	for _, i := range idx {
 		k := respKey{peer, i}
 		if reg := r.exposed[k]; reg != nil {
-			reg.Release()
+			out.releases = append(out.releases, reg)
 			delete(r.exposed, k)
 		}
 	}

@@ -404,7 +404,7 @@ func (r *Rendezvous) handle(peer int, b []byte) {
 	case *errorMsg:
 		r.onErrorLocked(peer, m, &out)
 	case *releaseMsg:
-		r.releaseLocked(peer, m.indices)
+		r.releaseLocked(peer, m.indices, &out)
 	case *cancelMsg:
 		if m.cancelled {
 			r.onCancelledLocked(peer, m)
