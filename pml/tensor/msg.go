@@ -42,8 +42,9 @@ func (k kind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
-// maxMessage is the largest control message: the loop's receive buffers
-// have this size, and encoders split batches to stay within it.
+// maxMessage is the largest control message: a receiver reassembles parts
+// up to this size, and encoders split batches to stay within it (and
+// within one fragment of the transport, when they can).
 const maxMessage = 64 << 10
 
 // maxHandle bounds a registration handle (transports use 16-32 bytes).

@@ -393,8 +393,9 @@ func (r *Rendezvous) onNotifyLocked(peer int, m *notifyMsg, out *outbox) {
 }
 
 // awaitMessageLocked receives a content that travels as a separate
-// message into rq's destination, on a goroutine of its own (the loop must
-// not wait for a large message).
+// message into rq's destination, on a goroutine of its own (the handler
+// that took the NOTIFY runs inside a transport's progress and must not
+// wait for a large message).
 func (r *Rendezvous) awaitMessageLocked(rq *recvReq, e notifyEntry) {
 	q, err := r.comm.Irecv(rq.dest, rq.src, dataTag(rq.idx))
 	go func() {
