@@ -220,7 +220,7 @@ func (s *sock) send(ts *txState, b *txBatch) (int, error) {
 		done := 0
 		waited := false
 		for done < len(ts.msgs) {
-			r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(s.fd),
+			r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(s.fd),
 				uintptr(unsafe.Pointer(&ts.msgs[done])), uintptr(len(ts.msgs)-done), 0, 0, 0)
 			if e == unix.EINTR {
 				continue
@@ -304,7 +304,7 @@ func (s *sock) recv(r *rxState, wait bool) (int, error) {
 		flags = unix.MSG_DONTWAIT
 	}
 	for {
-		n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(s.fd),
+		n, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(s.fd),
 			uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(len(r.msgs)), uintptr(flags), 0, 0)
 		if e == unix.EINTR {
 			continue
