@@ -92,6 +92,15 @@ func (q *qp) window() int {
 
 func (q *qp) shrink() { q.cwnd = max(q.window()/2, min(minWindow, q.dev.cfg.Window)) }
 
+// restart is the window after a local ACK timeout: the least one. A
+// timeout says nothing of how much was lost, and on a busy host it is
+// often only late ACKs (the peer's receiver was not scheduled): sending a
+// few packets from the oldest unacknowledged one costs little then, and
+// their answer (a duplicate's ACK names the last PSN the responder has)
+// moves the window past everything that did arrive instead of the whole
+// window going out again.
+func (q *qp) restart() { q.cwnd = min(minWindow, q.dev.cfg.Window) }
+
 func (q *qp) grow(acked int) {
 	w := q.window()
 	q.cwnd = min(q.dev.cfg.Window, w+max(1, acked*8/w))
@@ -135,6 +144,25 @@ func (q *qp) ackUpTo(psn uint32) {
 		q.grow(int(d))
 	}
 	q.completeDone()
+	q.skipAcked()
+}
+
+// skipAcked moves the transmit cursor past packets of the head request
+// that the responder has acknowledged: after a timeout (often only a late
+// ACK) the cursor went back to the oldest unacknowledged packet, and a
+// duplicate's ACK can name a PSN well past it; what it covers is not sent
+// again.
+func (q *qp) skipAcked() {
+	if q.sqCount == 0 || q.txIdx != 0 {
+		return
+	}
+	w := &q.sq[q.sqHead]
+	if isRd(w.op) || w.locErr != ibv.WCSuccess {
+		return
+	}
+	if off := psnDiff(q.ackPSN+1, w.psn); off > 0 && uint32(off) < w.npkts && uint32(off) > q.txPkt {
+		q.txPkt = uint32(off)
+	}
 }
 
 // completeDone completes, from the head, the requests known finished.
@@ -362,7 +390,7 @@ func (q *qp) onTimer() {
 			}
 			q.retries--
 			q.dev.ctr.timeouts.Add(1)
-			q.shrink()
+			q.restart()
 			q.gapSet = false
 			q.goBack(q.oldestUnacked())
 			q.lastProgress = now
