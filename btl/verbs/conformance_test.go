@@ -78,7 +78,8 @@ func suitePeers(newProvs func() func(int) ibv.Provider, overrides ...[2]string) 
 		ranks := openJob(t, n, newProvs(), overrides...)
 		peers := make([]btltest.Peer, n)
 		for i, r := range ranks {
-			peers[i] = btltest.Peer{Module: r.m, Dispatch: r.env.Dispatch, Kill: r.m.abort}
+			m := r.m
+			peers[i] = btltest.Peer{Module: m, Dispatch: r.env.Dispatch, Kill: m.abort, WouldBlock: func(n int) { m.refuse.Store(int64(n)) }}
 		}
 		return peers
 	}

@@ -251,6 +251,9 @@ func (e *endpoint) send(tag btl.Tag, hdr, data, abuf []byte, cb btl.Completion) 
 	if e.m.closed.Load() {
 		return false, e.m.errClosed()
 	}
+	if e.m.refused() {
+		return false, e.m.errWouldBlock()
+	}
 	if err := e.checkSize(len(hdr) + len(data)); err != nil {
 		return false, err
 	}
@@ -321,7 +324,7 @@ func (e *endpoint) SendAlloc(tag btl.Tag, buf []byte, hdrLen int, cb btl.Complet
 		return false, mpierr.Errorf(mpierr.ErrArg, "verbs: SendAlloc header length %d of a %d-byte buffer", hdrLen, len(buf))
 	}
 	done, err := e.send(tag, buf[:hdrLen], buf[hdrLen:], buf, cb)
-	if done || err != nil {
+	if done || err != nil && !errors.Is(err, btl.ErrWouldBlock) { // refused: buf stays the caller's
 		e.m.recycle(buf)
 	}
 	return done, err
@@ -375,6 +378,9 @@ func (e *endpoint) rdma(kind opKind, local, handle []byte, off int, imm uint32, 
 	}
 	if len(local) == 0 && kind != opImm {
 		return true, nil
+	}
+	if m.refused() {
+		return false, m.errWouldBlock()
 	}
 	op := &pendOp{kind: kind, local: local, raddr: raddr, rkey: rkey, imm: imm, cb: cb}
 	if len(local) > 0 {

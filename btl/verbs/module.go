@@ -165,6 +165,11 @@ type module struct {
 	stalls               atomic.Int64 // operations that waited for credits, ring room or queue slots
 	acksSent             atomic.Int64
 
+	// refuse makes the next n Send, SendAlloc, Put and Get calls refuse
+	// with ErrWouldBlock (n < 0: all of them): the conformance suite's
+	// check that a refusal posts nothing (btltest.Peer.WouldBlock).
+	refuse atomic.Int64
+
 	allocMu sync.Mutex // guards small, large
 	small   [][]byte
 	large   [][]byte
@@ -198,6 +203,25 @@ func (m *module) Status() string {
 	n, b, hits, misses, ev := m.cache.stats()
 	return fmt.Sprintf("device %s (provider %s) port %d mtu %d; credits %d, ring %d B; %d stalls, %d ACKs; reg cache %d entries %d B, %d hits %d misses %d evictions",
 		m.attr.Name, m.prov.Name(), m.cfg.port, m.mtu.Bytes(), m.cfg.credits, m.cfg.ringSize, m.stalls.Load(), m.acksSent.Load(), n, b, hits, misses, ev)
+}
+
+// refused reports whether the refuse knob refuses this operation.
+func (m *module) refused() bool {
+	for {
+		n := m.refuse.Load()
+		switch {
+		case n == 0:
+			return false
+		case n < 0:
+			return true
+		case m.refuse.CompareAndSwap(n, n-1):
+			return true
+		}
+	}
+}
+
+func (m *module) errWouldBlock() error {
+	return fmt.Errorf("verbs: rank %d: queue full: %w", m.env.Rank, btl.ErrWouldBlock)
 }
 
 // Stalls returns how many operations had to wait for credits, ring room
