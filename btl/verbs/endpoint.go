@@ -123,9 +123,14 @@ type endpoint struct {
 	closeSeq uint64      // operation number of our close frame (0: none)
 	probe    *time.Timer // liveness probe while operations wait for the peer
 	probing  bool        // a probe is posted
-	later    []doneCB
-	report   error // failure to report with PeerFailed once mu is released
-	reported bool
+	// sendsDone counts send completions; probeMark is its value at the
+	// last probe tick and idleTicks the ticks since it last moved.
+	sendsDone uint64
+	probeMark uint64
+	idleTicks int
+	later     []doneCB
+	report    error // failure to report with PeerFailed once mu is released
+	reported  bool
 
 	// Receive side: only the goroutine holding module.pollMu.
 	rwin   recvWindow
@@ -289,6 +294,17 @@ func (e *endpoint) send(tag btl.Tag, hdr, data, abuf []byte, cb btl.Completion) 
 		}
 		return false, err
 	}
+	if len(e.pending) >= e.m.depth {
+		// The queue is full: the caller keeps the operation and retries
+		// after polling (btl.ErrWouldBlock), which bounds what a sender
+		// that outruns its peer (or floods a dead one) holds here.
+		e.opSeq--
+		e.unlock()
+		if reg != nil {
+			e.m.cache.put(reg)
+		}
+		return false, e.m.errWouldBlock()
+	}
 	if e.state == epConnected {
 		e.m.stalls.Add(1)
 		e.stalledLocked()
@@ -405,6 +421,14 @@ func (e *endpoint) rdma(kind opKind, local, handle []byte, off int, imm uint32, 
 				m.cache.put(op.reg)
 			}
 			return false, err
+		}
+		if len(e.pending) >= m.depth { // full: as in send
+			e.opSeq--
+			e.unlock()
+			if op.reg != nil {
+				m.cache.put(op.reg)
+			}
+			return false, m.errWouldBlock()
 		}
 		if e.state == epConnected {
 			m.stalls.Add(1)
@@ -627,6 +651,17 @@ func (e *endpoint) probeAlive() {
 	defer e.unlock()
 	e.probe = nil
 	if e.state != epConnected || len(e.pending) == 0 {
+		e.idleTicks = 0
+		return
+	}
+	if e.sendsDone != e.probeMark {
+		e.probeMark, e.idleTicks = e.sendsDone, 0
+	} else if e.idleTicks++; e.m.livenessTicks > 0 && e.idleTicks >= e.m.livenessTicks {
+		// The device has completed nothing, not even a probe, for the
+		// liveness limit: the peer is gone even if the QP's own retries
+		// have not said so yet.
+		e.failLocked(procFailed(fmt.Errorf("verbs: rank %d: rank %d completed no work request for %v while operations waited",
+			e.m.env.Rank, e.peer, time.Duration(e.idleTicks)*probeAfter)))
 		return
 	}
 	if e.sqFree > 0 && !e.probing {
@@ -732,6 +767,7 @@ func (e *endpoint) onSendDoneLocked(wc *ibv.WC) {
 		panic(fmt.Sprintf("verbs: send completion %#x out of order (expected %#x)", wc.ID, op.id))
 	}
 	e.opsHead++
+	e.sendsDone++
 	if e.opsHead == len(e.ops) {
 		e.ops, e.opsHead = e.ops[:0], 0
 	}

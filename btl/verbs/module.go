@@ -104,6 +104,11 @@ func openModule(env *btl.Env, cfg config, prov ibv.Provider) (*module, error) {
 	if m.cfg.credits+4 > m.depth {
 		return fail(mpierr.Errorf(mpierr.ErrArg, "verbs: %s=%d needs queues of %d, device %s allows %d", paramCredits, cfg.credits, cfg.credits+4, m.attr.Name, m.depth))
 	}
+	if cfg.timeout > 0 {
+		// Four times the QP's own give-up time, at least 5 s.
+		qpLimit := time.Duration(4*(int(cfg.retry)+1)) * (4096 * time.Nanosecond << cfg.timeout)
+		m.livenessTicks = int(max(5*time.Second, qpLimit) / probeAfter)
+	}
 	m.cache = newRegCache(func(b []byte) (ibv.MR, error) {
 		return m.pd.RegMR(b, ibv.AccessLocalWrite|ibv.AccessRemoteWrite|ibv.AccessRemoteRead)
 	}, cfg.regCache, regCacheEntries)
@@ -136,9 +141,12 @@ type module struct {
 	gid   ibv.GID
 	mtu   ibv.MTU
 	depth int // send and receive queue depth of every QP
-	pd    ibv.PD
-	ch    ibv.CompChannel
-	cache *regCache
+	// livenessTicks: probe ticks without any send completion after which a
+	// pair whose operations wait is failed (0: never; btl_verbs_qp_timeout 0).
+	livenessTicks int
+	pd            ibv.PD
+	ch            ibv.CompChannel
+	cache         *regCache
 
 	runCtx context.Context // cancelled by Close: watchers, connects
 	cancel context.CancelFunc

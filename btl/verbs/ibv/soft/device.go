@@ -22,6 +22,7 @@ type Counters struct {
 	BytesSent        uint64 // UDP payload bytes sent
 	Retransmits      uint64 // request packets sent again (timeout, NAK, READ gap)
 	Timeouts         uint64 // local ACK timeouts that led to a retransmission
+	EarlyGoBacks     uint64 // go-backs without progress for the early delay, before the timeout
 	SeqNAKsSent      uint64 // PSN sequence error NAKs sent by responders
 	SeqNAKsReceived  uint64
 	RNRNAKsSent      uint64
@@ -39,7 +40,7 @@ type Counters struct {
 }
 
 type counters struct {
-	pktSent, pktRecv, bytesSent, retrans, timeouts              atomic.Uint64
+	pktSent, pktRecv, bytesSent, retrans, timeouts, early       atomic.Uint64
 	seqNakTx, seqNakRx, rnrNakTx, rnrNakRx, errNakTx, dups, oos atomic.Uint64
 	icrc, bad, dropInj, dupInj, reordInj, corruptInj, sendErr   atomic.Uint64
 }
@@ -47,7 +48,7 @@ type counters struct {
 func (c *counters) snapshot() Counters {
 	return Counters{
 		PacketsSent: c.pktSent.Load(), PacketsReceived: c.pktRecv.Load(), BytesSent: c.bytesSent.Load(),
-		Retransmits: c.retrans.Load(), Timeouts: c.timeouts.Load(),
+		Retransmits: c.retrans.Load(), Timeouts: c.timeouts.Load(), EarlyGoBacks: c.early.Load(),
 		SeqNAKsSent: c.seqNakTx.Load(), SeqNAKsReceived: c.seqNakRx.Load(),
 		RNRNAKsSent: c.rnrNakTx.Load(), RNRNAKsReceived: c.rnrNakRx.Load(), ErrNAKsSent: c.errNakTx.Load(),
 		Duplicates: c.dups.Load(), OutOfSequence: c.oos.Load(),

@@ -323,7 +323,7 @@ func (q *qp) buildRequest() bool {
 		q.probing, q.probePSN, q.probeAt = true, last, q.dev.clock.Now()
 	}
 	if q.timeout > 0 && !q.timerArmed {
-		q.arm(q.rto())
+		q.arm(q.deadline())
 	}
 	return true
 }

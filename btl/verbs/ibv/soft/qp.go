@@ -87,6 +87,7 @@ type qp struct {
 	timerArmed   bool
 	srtt, rttvar time.Duration // measured round trip
 	probing      bool          // probePSN was first sent at probeAt
+	early        bool          // an early go-back went out since the last progress
 	probePSN     uint32
 	cwnd         int // packets the window allows now (0: not yet set)
 	probeAt      time.Time

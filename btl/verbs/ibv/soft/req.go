@@ -69,6 +69,7 @@ func (q *qp) progress(psn uint32) {
 	now := q.dev.clock.Now()
 	q.lastProgress = now
 	q.gapSet = false
+	q.early = false
 	if q.probing && psnDiff(psn, q.probePSN) >= 0 {
 		q.probing = false
 		q.rttSample(now.Sub(q.probeAt))
@@ -131,6 +132,29 @@ func (q *qp) rttSample(r time.Duration) {
 // than the verbs value of a small timeout allows). It does not back off:
 // retry_cnt expiries of it end the request, as the verbs say.
 func (q *qp) rto() time.Duration { return max(q.timeout, q.srtt+4*q.rttvar) }
+
+// earlyDelay is how long the requester waits without progress before it
+// goes back once to the oldest unacknowledged packet, ahead of the local
+// ACK timeout: the measured round trip plus four times its variation, at
+// least Config.MinTimeout; ok is false before the first round trip is
+// measured (then only the timeout applies). A sequence NAK lost on the
+// way, or the last packets of a burst, otherwise stall the QP for the
+// whole timeout (67 ms at the usual timeout 14); the responder answers a
+// packet it already has with an ACK of everything it has, so a needless
+// early go-back costs a restarted window of packets. It counts no retry:
+// only the QP's own timeout decides that the peer is gone.
+func (q *qp) earlyDelay() (d time.Duration, ok bool) {
+	return max(q.dev.cfg.MinTimeout, q.srtt+4*q.rttvar), q.srtt > 0
+}
+
+// deadline is the wait before the timer's next look at the QP: the early
+// go-back's, until it has gone out, then the local ACK timeout's.
+func (q *qp) deadline() time.Duration {
+	if ed, ok := q.earlyDelay(); ok && !q.early && ed < q.rto() {
+		return ed
+	}
+	return q.rto()
+}
 
 // ackUpTo records that every PSN up to psn was executed and completes the
 // requests that finished, in order. A READ or atomic acknowledged by a
@@ -394,8 +418,19 @@ func (q *qp) onTimer() {
 			q.gapSet = false
 			q.goBack(q.oldestUnacked())
 			q.lastProgress = now
+			q.early = false
 			kick = true
-			q.arm(q.rto())
+			q.arm(q.deadline())
+		} else if ed, ok := q.earlyDelay(); ok && !q.early && el >= ed {
+			q.early = true
+			q.dev.ctr.early.Add(1)
+			q.restart()
+			q.gapSet = false
+			q.goBack(q.oldestUnacked())
+			kick = true
+			q.arm(to - el)
+		} else if ok && !q.early && ed < to {
+			q.arm(ed - el)
 		} else {
 			q.arm(to - el)
 		}

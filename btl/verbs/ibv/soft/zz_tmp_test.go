@@ -35,3 +35,14 @@ func BenchmarkZZCounters(b *testing.B) {
 	b.StopTimer()
 	b.Logf("N=%d\nx %+v\ny %+v", b.N, x.ctx.(*devContext).Counters(), y.ctx.(*devContext).Counters())
 }
+
+func TestZZRNR(t *testing.T) {
+	o := defaultOpts()
+	o.rnrRetry = 2
+	o.minRNR = 1
+	a, b := newPair(t, Config{}, Config{}, o)
+	_, err := a.qp.PostSend([]ibv.SendWR{sendWR(1, a.mr, 10), sendWR(2, a.mr, 10)})
+	require.NoError(t, err)
+	pollOne(t, a.scq, ibv.WCRNRRetryExcErr)
+	t.Logf("a %+v\nb %+v", a.ctx.(*devContext).Counters(), b.ctx.(*devContext).Counters())
+}
