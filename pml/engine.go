@@ -102,6 +102,8 @@ type Engine struct {
 	// taking the lock (Comm.target).
 	troubled atomic.Bool
 	nfailed  int         // peers with failed set (guarded by mu)
+	window   int         // pml_unexpected_window (flow.go); 0: no flow control
+	grants   []grantRef  // CREDITs due (guarded by mu; flow.go)
 	queues   []sendQueue // by world rank: operations the transport refused (queue.go)
 	upper    upper       // the layers above: their btl tags and failure watchers (peerep.go)
 
@@ -146,6 +148,7 @@ func New(cfg Config) (*Engine, error) {
 		recvDepth:   max(1, p.Int("pml_recv_pipeline_depth")),
 		force:       force,
 		leavePinned: p.Bool("pml_leave_pinned"),
+		window:      min(max(p.Int("pml_unexpected_window"), 0), 1<<14),
 		logf:        cfg.Logf,
 		countStats:  cfg.Stats,
 	}
@@ -167,6 +170,7 @@ func New(cfg Config) (*Engine, error) {
 	d.Register(btl.Tag(hdr.TypeFrag), e.onFrag)
 	d.Register(btl.Tag(hdr.TypePut), e.onPut)
 	d.Register(btl.Tag(hdr.TypeFin), e.onFin)
+	d.Register(btl.Tag(hdr.TypeCredit), e.onCredit)
 	d.OnPeerFailed(e.PeerFailed)
 	e.upper.register(d)
 	return e, nil
@@ -414,9 +418,17 @@ type Comm struct {
 }
 
 type procSeq struct {
-	send   atomic.Uint32
+	send atomic.Uint32
+	// grant: as a sender, messages with sequence numbers (mod 2^16) below
+	// it may carry data (flow.go); written under e.mu, read without.
+	grant  atomic.Uint32
 	expect uint16 // guarded by e.mu
 	ooo    *frag  // out-of-sequence arrivals, sorted by seq (guarded by e.mu)
+	// As a receiver (guarded by e.mu; flow.go): messages with data from
+	// this peer in the unexpected queue, the grant sent last, the expect
+	// value at which the next one is due, and whether it is queued.
+	held, granted, grantAt uint16
+	grantQ                 bool
 }
 
 // NextContext returns the lowest context id this engine has not used.
@@ -485,6 +497,7 @@ func (e *Engine) reserveLocked(id uint32) {
 func (e *Engine) NewComm(ctx uint32, rank int, group []int) (*Comm, error) {
 	c := &Comm{e: e, ctx: ctx, rank: rank, group: group, toComm: make(map[int]int, len(group)),
 		seqs: make([]procSeq, len(group)), m: newMatchState(len(group))}
+	e.initFlow(c)
 	for i, w := range group {
 		c.toComm[w] = i
 	}
@@ -513,7 +526,7 @@ func (e *Engine) NewComm(ctx uint32, rank int, group []int) (*Comm, error) {
 		}
 	}
 	start := len(e.toStart) > 0
-	e.mu.Unlock()
+	e.unlockFlush()
 	for _, f := range bad {
 		e.protocolErrorFrom(f.peer.world, "source rank %d does not belong to rank %d in context %d", f.m.Src, f.peer.world, f.m.Ctx)
 	}

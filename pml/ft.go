@@ -36,7 +36,7 @@ func (e *Engine) commPeerFailedLocked(c *Comm, cr int, out []*Request) []*Reques
 	for f := c.m.uSrc[cr].head; f != nil; {
 		next := f.srcNext
 		if f.typ != hdr.TypeMatch {
-			c.m.removeUnexpected(f)
+			e.takeUnexpectedLocked(c, f)
 		}
 		f = next
 	}

@@ -10,9 +10,9 @@ import (
 )
 
 // selfComms makes n engines over btl/self, joined in context 0.
-func selfComms(t *testing.T, n int) []*Comm {
+func selfComms(t *testing.T, n int, extra ...[2]string) []*Comm {
 	t.Helper()
-	ps, err := params.NewSet([][2]string{{"pml_force_protocol", ""}, {"pml_wait_spin", "0s"}})
+	ps, err := params.NewSet(append([][2]string{{"pml_force_protocol", ""}, {"pml_wait_spin", "0s"}}, extra...))
 	require.NoError(t, err)
 	w := self.NewWorld()
 	engs := make([]*Engine, n)

@@ -31,7 +31,11 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 	e.mu.Lock()
 	if e.closed == nil {
 		if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, p.world) && e.deliverInOrderLocked(c, m.Src, m.Tag, m.Seq, p, data) {
+			due := len(e.grants) != 0
 			e.mu.Unlock()
+			if due {
+				e.sendGrants()
+			}
 			return
 		}
 	}
@@ -118,7 +122,7 @@ func (e *Engine) admitLocked(ep btl.Endpoint, f *frag, inOrderTried bool) {
 		return
 	}
 	if !inOrderTried && f.typ == hdr.TypeMatch && e.deliverInOrderLocked(c, f.m.Src, f.m.Tag, f.m.Seq, f.peer, f.data) {
-		e.mu.Unlock()
+		e.unlockFlush()
 		return
 	}
 	sf := &e.scratch
@@ -126,7 +130,7 @@ func (e *Engine) admitLocked(ep btl.Endpoint, f *frag, inOrderTried bool) {
 	e.arrive(c, sf, false)
 	*sf = frag{}
 	start := len(e.toStart) > 0
-	e.mu.Unlock()
+	e.unlockFlush()
 	if start {
 		e.runStarts()
 	}
@@ -166,6 +170,9 @@ func (e *Engine) deliverInOrderLocked(c *Comm, src32, tag32 int32, seq uint16, p
 		return false
 	}
 	ps.expect++
+	if ps.expect == ps.grantAt { // the sender's window is due to grow (flow.go)
+		e.grantDueLocked(c, src32)
+	}
 	if r.buf.Conv != nil || len(data) > len(r.buf.Bytes) || e.countStats {
 		e.deliverEager(r, p, src, tag, data)
 		return true
@@ -224,7 +231,11 @@ func (e *Engine) onMatchingRun(ep btl.Endpoint, hdrs, datas [][]byte) {
 		e.onMatching(ep, b, datas[i])
 		e.mu.Lock()
 	}
+	due := len(e.grants) != 0 // unlockFlush, written out on this path
 	e.mu.Unlock()
+	if due {
+		e.sendGrants()
+	}
 }
 
 // arrive admits f in sequence order (parking early arrivals) and matches
@@ -246,6 +257,7 @@ func (e *Engine) arrive(c *Comm, f *frag, copied bool) {
 		return
 	}
 	ps.expect++
+	src := f.m.Src
 	e.match(c, f, copied)
 	for ps.ooo != nil && ps.ooo.m.Seq == ps.expect {
 		g := ps.ooo
@@ -254,6 +266,7 @@ func (e *Engine) arrive(c *Comm, f *frag, copied bool) {
 		ps.expect++
 		e.match(c, g, true)
 	}
+	e.flowCheckLocked(c, src)
 }
 
 // match delivers an in-sequence fragment to the earliest-posted matching
@@ -270,6 +283,7 @@ func (e *Engine) match(c *Comm, f *frag, copied bool) {
 				f = e.copyFrag(f)
 			}
 			c.m.addUnexpected(f)
+			e.heldLocked(c, f, 1)
 			return
 		}
 		c.m.unpost(r)
@@ -859,11 +873,11 @@ func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind
 		case kindProbe:
 			r.complete(Status{Source: int(f.m.Src), Tag: int(f.m.Tag), Count: f.msgLen}, nil)
 		case kindMprobe:
-			c.m.removeUnexpected(f)
+			e.takeUnexpectedLocked(c, f)
 			r.frag = f
 			r.complete(Status{Source: int(f.m.Src), Tag: int(f.m.Tag), Count: f.msgLen}, nil)
 		default:
-			c.m.removeUnexpected(f)
+			e.takeUnexpectedLocked(c, f)
 			e.deliver(r, f)
 			e.freeFrag(f)
 		}
@@ -875,6 +889,7 @@ func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind
 	// be back in the free list (a sink's), with postSeq 0.
 	yielding := rNil && (r.postSeq+1)&(yieldEvery-1) == 0
 	start := len(e.toStart) > 0
+	due := len(e.grants) != 0
 	if start && e.poll.active() {
 		// A rendezvous matched at post time starts at the next progress
 		// call (the Wait that follows, or the background goroutine), not
@@ -886,6 +901,9 @@ func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind
 		start = false
 	}
 	e.mu.Unlock()
+	if due {
+		e.sendGrants()
+	}
 	if start {
 		e.runStarts()
 	}
@@ -950,8 +968,8 @@ func (c *Comm) Improbe(src, tag int) (*Request, Status, bool, error) {
 		e.mu.Unlock()
 		return nil, Status{}, false, err
 	}
-	c.m.removeUnexpected(f)
-	e.mu.Unlock()
+	e.takeUnexpectedLocked(c, f)
+	e.unlockFlush()
 	r := newReq(false)
 	r.kind, r.comm, r.frag = kindMprobe, c, f
 	st := Status{Source: int(f.m.Src), Tag: int(f.m.Tag), Count: f.msgLen}

@@ -124,7 +124,19 @@ func (c *Comm) sendNow(b []byte, conv Convertor, dest, tag int, mode Mode) (r *R
 			}
 		}
 	}
-	m := hdr.Match{Seq: uint16(c.seqs[dest].send.Add(1) - 1), Ctx: c.ctx, Src: int32(c.rank), Tag: int32(tag)}
+	ps := &c.seqs[dest]
+	seq := uint16(ps.send.Add(1) - 1)
+	if int16(seq-uint16(ps.grant.Load())) >= 0 && e.window != 0 { // c.overWindow, written out: sendNow is too big to inline it
+		// Flow control: the receiver holds enough of this rank's
+		// messages; this one goes without its data (flow.go).
+		r = newReq(true)
+		if err := c.startSendSeq(r, Buffer{Bytes: b}, dest, tag, mode, nil, uint32(seq), true); err != nil {
+			recycleUnstarted(r)
+			return nil, true, err
+		}
+		return r, true, nil
+	}
+	m := hdr.Match{Seq: seq, Ctx: c.ctx, Src: int32(c.rank), Tag: int32(tag)}
 	// A transport that takes the header by value is offered every eager
 	// message from the user's buffer, not only those up to ImmediateMax:
 	// ob1 too tries the transport's sendi for a larger eager message once
@@ -205,6 +217,12 @@ func (e *Engine) count(p Protocol, n int) {
 // startSend runs the sender's side of the chosen protocol up to the first
 // fragment.
 func (c *Comm) startSend(r *Request, buf Buffer, dest, tag int, mode Mode, release func()) error {
+	return c.startSendSeq(r, buf, dest, tag, mode, release, 0, false)
+}
+
+// startSendSeq is startSend for a message whose sequence number seq was
+// taken already (haveSeq), or is taken here.
+func (c *Comm) startSendSeq(r *Request, buf Buffer, dest, tag int, mode Mode, release func(), seq uint32, haveSeq bool) error {
 	e := c.e
 	p, err := c.target(dest, tag)
 	if err != nil && err != errQueued { // queued: the sends below queue behind
@@ -213,9 +231,17 @@ func (c *Comm) startSend(r *Request, buf Buffer, dest, tag int, mode Mode, relea
 	size := buf.Len()
 	contig := buf.Conv == nil
 	proto := Select(SendInfo{Mode: mode, Size: size, Contiguous: contig, Caps: p.caps, Limits: p.lim, LeavePinned: e.leavePinned, Force: e.force})
+	if !haveSeq {
+		seq = c.seqs[dest].send.Add(1) - 1
+	}
+	// Flow control (flow.go): beyond the window nothing carries data
+	// before the receiver matched it.
+	over := c.overWindow(dest, uint16(seq))
+	if over && proto.Eager() {
+		proto = SendPipeline
+	}
 	r.kind, r.comm, r.peer, r.tag, r.buf, r.mode, r.proto, r.release = kindSend, c, dest, tag, buf, mode, proto, release
 	r.msgLen, r.peerWorld, r.ep = size, p.world, p.ep
-	seq := c.seqs[dest].send.Add(1) - 1
 	m := hdr.Match{Seq: uint16(seq), Ctx: c.ctx, Src: int32(c.rank), Tag: int32(tag)}
 	defer tick(seq) // a rendezvous is long: the defer costs nothing to speak of
 	e.count(proto, size)
@@ -322,6 +348,9 @@ func (c *Comm) startSend(r *Request, buf Buffer, dest, tag int, mode Mode, relea
 	}
 	n := h.Encode(hb[:])
 	first := min(size, FirstChunk(p.lim))
+	if over {
+		first = 0
+	}
 	return e.sendChunk(r, p, hdr.TypeRndv, hb[:n], 0, first)
 }
 

@@ -126,6 +126,7 @@ func BenchmarkPMLRecvWindow(b *testing.B) {
 	const window = 64
 	reqs := make([]*pml.Request, window)
 	round := func() {
+		c0.Engine().Progress() // the receiver's CREDITs (pml flow control)
 		for range window {
 			r, err := c0.IsendNow(sb, 1, 1, pml.Standard)
 			must(b, err)
@@ -165,6 +166,7 @@ func BenchmarkPMLRecvSinkWindow(b *testing.B) {
 	var back []*pml.Request
 	var sendT, recvT time.Duration
 	round := func() {
+		c0.Engine().Progress() // the receiver's CREDITs (pml flow control)
 		t0 := time.Now()
 		for range window {
 			r, err := c0.IsendNow(sb, 1, 1, pml.Standard)

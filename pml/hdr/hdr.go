@@ -44,6 +44,8 @@ func (t Type) String() string {
 		return "PUT"
 	case TypeFin:
 		return "FIN"
+	case TypeCredit:
+		return "CREDIT"
 	}
 	return fmt.Sprintf("type(%#x)", uint8(t))
 }

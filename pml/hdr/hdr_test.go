@@ -27,6 +27,8 @@ func samples() map[Type][]byte {
 	out[TypePut] = append([]byte(nil), b[:p.Encode(b)]...)
 	n := Fin{Req: 77, Offset: 1 << 33, Size: -3}
 	out[TypeFin] = append([]byte(nil), b[:n.Encode(b)]...)
+	c := Credit{Grant: 65000, Ctx: 3, Dst: 2}
+	out[TypeCredit] = append([]byte(nil), b[:c.Encode(b)]...)
 	return out
 }
 
@@ -78,6 +80,13 @@ func TestRoundTrip(t *testing.T) {
 	gfi, _, err := DecodeFin(b[:n])
 	require.NoError(t, err)
 	require.Equal(t, fi, gfi)
+
+	c := Credit{Flags: 1, Grant: 65535, Ctx: 1 << 31, Dst: 1<<31 - 1}
+	n = c.Encode(b)
+	gc, used, err := DecodeCredit(b[:n])
+	require.NoError(t, err)
+	require.Equal(t, c, gc)
+	require.Equal(t, CreditLen, used)
 }
 
 func TestShortAndWrongType(t *testing.T) {
@@ -116,6 +125,8 @@ func decode(t Type, b []byte) (int, error) {
 		_, n, err = DecodePut(b)
 	case TypeFin:
 		_, n, err = DecodeFin(b)
+	case TypeCredit:
+		_, n, err = DecodeCredit(b)
 	}
 	return n, err
 }
