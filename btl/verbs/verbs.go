@@ -273,6 +273,12 @@ func readConfig(p *params.Set) (config, error) {
 	if c.credits+4 > c.depth {
 		return c, mpierr.Errorf(mpierr.ErrArg, "%s=%d needs %s of at least %d (is %d)", paramCredits, c.credits, paramQueueDepth, c.credits+4, c.depth)
 	}
+	if c.credits == 1 {
+		// One message in flight (TensorFlow's buffer): an immediate send
+		// finds the credit taken until the peer's ACK is back, so nearly
+		// every one would be refused and then sent again by Send.
+		c.caps &^= btl.CapSendImmediate
+	}
 	if c.maxFrag <= 0 || c.maxFrag > maxRingSize/8 {
 		return c, mpierr.Errorf(mpierr.ErrArg, "btl_verbs_eager_limit/max_send_size %d: want 1..%d", c.maxFrag, maxRingSize/8)
 	}
