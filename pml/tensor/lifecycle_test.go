@@ -210,6 +210,12 @@ func TestManySmallTensors(t *testing.T) {
 						name := fmt.Sprintf("grad/%d", i)
 						rv.RecvAsync(step, name, peer, func(t tensor.Tensor, err error) { ch <- outcome{t, err} })
 					}
+					// Every request is made before any tensor is sent: they
+					// pend together (a RecvAsync with nothing else pending
+					// from its source goes at once).
+					if err := w.Barrier(); err != nil {
+						return err
+					}
 					for i := range n {
 						name := fmt.Sprintf("grad/%d", i)
 						if err := rv.Send(step, name, tensor.Tensor{DType: tensor.Float32, Shape: []int64{4}, Data: floats(float32(i), 1, 2, float32(step))}); err != nil {

@@ -74,6 +74,7 @@ func (r *Rendezvous) start(step int64, name string, src int, done func(Tensor, e
 		}
 	}
 	r.reqs[rq.idx] = rq
+	r.live[src]++
 	e := reqEntry{index: rq.idx, step: step, name: name}
 	if m, ok := r.cache[cacheKey{src, name}]; ok {
 		r.st.hits.Add(1)
@@ -149,10 +150,15 @@ func (r *Rendezvous) canPull(ep btl.Endpoint, n uint64) bool {
 
 // requestLocked sends a TENSOR_REQUEST or TENSOR_RE_REQUEST entry, or
 // queues it in the source's batch. now: the entry goes at once (a Recv's,
-// which waits for it anyway), and the source's batch with it.
+// which waits for it anyway), and the source's batch with it. A
+// RecvAsync's entry is batched only while other receives from the source
+// are pending: a lone one goes within its call, so that a program that
+// computes after it (and runs nothing else meanwhile, on one processor)
+// does not hold it back.
 func (r *Rendezvous) requestLocked(rq *recvReq, e reqEntry, re, now bool, out *outbox) {
 	b := &r.batch[rq.src]
-	if !r.cfg.batching || now && len(b.req)+len(b.re) == 0 {
+	empty := len(b.req)+len(b.re) == 0
+	if !r.cfg.batching || empty && (now || r.live[rq.src] <= 1) {
 		out.msg(rq.src, &requestMsg{re: re, entries: []reqEntry{e}, released: r.takeReleasedLocked(rq.src)})
 		return
 	}
@@ -317,6 +323,7 @@ func (r *Rendezvous) msgMax(p int) int { return min(maxMessage, r.fragMax[p]-msg
 func (r *Rendezvous) finishLocked(rq *recvReq) {
 	if r.reqs[rq.idx] == rq {
 		delete(r.reqs, rq.idx)
+		r.live[rq.src]--
 	}
 	rq.releaseReg()
 	if rq.proxy != nil {

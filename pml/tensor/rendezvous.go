@@ -72,14 +72,16 @@ const defaultPullMin = 32 << 10
 func WithChecksum(on bool) Option { return func(c *config) { c.checksum = on } }
 
 // WithBatching turns the batching of RecvAsync's requests on or off
-// (default on). On, RecvAsync leaves its request with the rendezvous's
-// progress goroutine, which sends the requests made meanwhile to one
-// source together in one TENSOR_REQUEST as soon as it runs (the sender
-// then notifies the writes of a batch with one message): hundreds of
-// small tensors per step cost a few messages. A request waits only for
-// that goroutine to be scheduled, never for a timer, and a Recv sends its
-// own request, with the batch to its source, at once. Off, every request
-// is sent within its call.
+// (default on). On, a RecvAsync made while other receives from the same
+// source are pending leaves its request with the rendezvous's progress
+// goroutine, which sends the requests made meanwhile to one source
+// together in one TENSOR_REQUEST as soon as it runs (the sender then
+// notifies the writes of a batch with one message): hundreds of small
+// tensors per step cost a few messages. A request waits only for that
+// goroutine to be scheduled, never for a timer; a RecvAsync with nothing
+// else pending from its source, and a Recv, send theirs at once (a Recv
+// with the batch to its source). Off, every request is sent within its
+// call.
 func WithBatching(on bool) Option { return func(c *config) { c.batching = on } }
 
 // Stats are a rank's counters. Control messages are TENSOR_REQUEST,
@@ -158,6 +160,7 @@ type Rendezvous struct {
 	exposed map[respKey]btl.Registration // contents registered for their receiver to read, until it releases them
 	// Receiver side.
 	reqs     map[uint32]*recvReq
+	live     []int // by source rank: receives in reqs
 	nextIdx  uint32
 	cache    map[cacheKey]meta
 	batch    []pendingBatch // by source rank (WithBatching)
@@ -210,6 +213,7 @@ func New(c *mpi.Comm, opts ...Option) (*Rendezvous, error) {
 		reqs: map[uint32]*recvReq{}, nextIdx: 1, cache: map[cacheKey]meta{},
 		batch: make([]pendingBatch, dup.Size()), proxies: map[btl.Module][]*proxyBuf{},
 		exposed: map[respKey]btl.Registration{}, rel: make([][]uint32, dup.Size()), relBytes: make([]int, dup.Size()),
+		live:    make([]int, dup.Size()),
 		peerErr: make([]error, dup.Size()),
 		kick:    make(chan struct{}, 1), stop: make(chan struct{}), pumpDone: make(chan struct{}),
 	}
@@ -492,6 +496,7 @@ func (r *Rendezvous) Close() error {
 	for idx, rq := range r.reqs {
 		rq.releaseReg()
 		delete(r.reqs, idx)
+		r.live[rq.src]--
 	}
 	for m, ps := range r.proxies {
 		for _, p := range ps {
