@@ -320,7 +320,11 @@ func (q *qp) buildRequest() bool {
 	}
 	q.sentAny = true
 	if !q.probing && psnDiff(last, q.maxSent) >= 0 {
-		q.probing, q.probePSN, q.probeAt = true, last, q.dev.clock.Now()
+		// The round trip of a READ (part) ends with its first response
+		// packet, which carries the request's PSN; timing it to the last
+		// response would take the transfer (and its recoveries) for the
+		// round trip, and the timeout estimate would run away.
+		q.probing, q.probePSN, q.probeAt = true, psn, q.dev.clock.Now()
 	}
 	if q.timeout > 0 && !q.timerArmed {
 		q.arm(q.deadline())

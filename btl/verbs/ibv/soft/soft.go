@@ -43,7 +43,14 @@
 // no acknowledgement to pace them. The local ACK timeout in force is the
 // QP's, or the measured round trip plus four times its variation when that
 // is longer (Jacobson's estimator); it never backs off, so retry_cnt
-// timeouts after the peer went silent the request fails.
+// timeouts after the peer went silent the request fails. Ahead of it, once
+// the measured round trip (plus four times its variation, at least
+// Config.MinTimeout) has passed without progress, the requester goes back
+// once to the oldest unacknowledged packet without counting a retry, so
+// that a lost NAK or a lost last packet costs about a round trip, not the
+// timeout. After a timeout or such a go-back the window restarts small:
+// the answer to the first packet sent again names the last PSN the
+// responder has, and the requester skips what it covers.
 //
 // Memory regions get synthetic I/O virtual addresses (non-overlapping
 // page-aligned ranges per device) and random keys (lkey = rkey). Payloads
