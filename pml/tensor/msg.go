@@ -6,15 +6,18 @@ import (
 	"fmt"
 )
 
-// Control messages travel as btl fragments (wire.go). Every message starts with two bytes, the wire
-// version and the kind; the body of each kind is a sequence of unsigned
-// varints (u), zig-zag varints (s), single bytes (b), fixed little-endian
-// words (u32) and length-prefixed byte strings (str: u length, bytes), as
-// the kind's file describes. Fields are never raw in-memory object bytes
-// (TensorFlow's verbs path copied a C++ TensorShape into its messages):
-// a decoder checks every length against what is left and every value
-// against the limits, and returns an error, never panics.
-const wireVersion = 1
+// Control messages travel as btl fragments (wire.go). Every message
+// starts with two bytes, the wire version and the kind; the body of each
+// kind is a sequence of unsigned varints (u), zig-zag varints (s), single
+// bytes (b), fixed little-endian words (u32) and length-prefixed byte
+// strings (str: u length, bytes), as the kind's file describes. Fields are
+// never raw in-memory object bytes (TensorFlow's verbs path copied a C++
+// TensorShape into its messages): a decoder checks every length against
+// what is left and every value against the limits, and returns an error,
+// never panics. Version 2: requests carry releases and may ask to pull,
+// NOTIFY may answer with a handle to read, ERROR_STATUS has a class,
+// RELEASE.
+const wireVersion = 2
 
 // kind is a control message's kind.
 type kind uint8

@@ -93,7 +93,7 @@ func TestDecodeRejects(t *testing.T) {
 	valid := encode(samples()[0])
 	cases := map[string][]byte{
 		"empty":        nil,
-		"version":      {2, byte(kindAbort), 0},
+		"version":      {wireVersion - 1, byte(kindAbort), 0},
 		"kind":         {wireVersion, 77},
 		"truncated":    valid[:len(valid)-1],
 		"trailing":     append(append([]byte{}, valid...), 0),
