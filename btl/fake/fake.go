@@ -660,12 +660,16 @@ func (n *Network) perform(op *Op) {
 	if op.Kind.IsSend() {
 		n.logLocked("#%d %d->%d %s", op.ID, op.From, op.To, n.describeLocked(op))
 		n.mu.Unlock()
-		from.count(func(c *btl.Counters) { c.FragsSent++; c.BytesSent += int64(len(op.Hdr) + len(op.Data)) })
-		to.count(func(c *btl.Counters) { c.FragsRecv++; c.BytesRecv += int64(len(op.Hdr) + len(op.Data)) })
 		ep, err := to.AddProc(op.From)
-		if err != nil {
+		if errors.Is(err, btl.ErrClosed) {
+			// The receiver closed after the check above: as if before it.
+			n.complete(op, btl.ErrClosed)
+			return
+		} else if err != nil {
 			panic("fake: reverse endpoint: " + err.Error())
 		}
+		from.count(func(c *btl.Counters) { c.FragsSent++; c.BytesSent += int64(len(op.Hdr) + len(op.Data)) })
+		to.count(func(c *btl.Counters) { c.FragsRecv++; c.BytesRecv += int64(len(op.Hdr) + len(op.Data)) })
 		// The handler gets its own copies, scribbled over afterwards: a
 		// handler that keeps them past the call sees garbage.
 		h := append([]byte(nil), op.Hdr...)
