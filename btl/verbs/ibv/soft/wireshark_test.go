@@ -37,6 +37,12 @@ func TestWiresharkDissects(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the capture test is skipped under -short")
 	}
+	if raceEnabled {
+		// The test checks the wire format, which the race detector does
+		// not change; slowed down by it, the device's packets outrun the
+		// capture, which then misses some of the packets it must see.
+		t.Skip("the capture test is skipped under the race detector")
+	}
 	tshark, err1 := exec.LookPath("tshark")
 	dumpcap, err2 := exec.LookPath("dumpcap")
 	if err1 != nil || err2 != nil {
