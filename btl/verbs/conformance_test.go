@@ -113,6 +113,13 @@ func TestConformanceSoft(t *testing.T) {
 		btltest.Run(t, suitePeers(softProviders(soft.Config{}), connectFast, [2]string{paramCredits, "1"}))
 	})
 	t.Run("lossy", func(t *testing.T) {
+		if raceEnabled {
+			// Slowed down several times by the detector, the device serves
+			// a large READ more slowly than the QP's retransmission timer
+			// expects, and under loss its retries run out; the lossy run
+			// checks recovery from loss, which the plain run covers.
+			t.Skip("the lossy run is skipped under the race detector")
+		}
 		btltest.Run(t, suitePeers(softProviders(soft.Config{Drop: 0.02, Reorder: 0.02, Dup: 0.01, Seed: 7}), connectFast))
 	})
 }
