@@ -44,20 +44,37 @@ func decodeBlob(b []byte) (int, []string, error) {
 // interfaces' addresses), else 127.0.0.1 when every rank is on this host,
 // else every address of the up, non-loopback interfaces (link-local IPv6
 // excluded).
-func listenIPs(env *btl.Env, include string) ([]net.IP, error) {
-	include = strings.TrimSpace(include)
+//
+// btl_tcp_if_exclude (the same kinds of items; not together with
+// btl_tcp_if_include, as in Open MPI) takes addresses out of the default
+// choice: a single-host job whose loopback is excluded listens on the
+// other interfaces.
+func listenIPs(env *btl.Env, include, exclude string) ([]net.IP, error) {
+	include, exclude = strings.TrimSpace(include), strings.TrimSpace(exclude)
+	if include != "" && exclude != "" {
+		return nil, mpierr.Errorf(mpierr.ErrArg, "%s and %s exclude each other: set one", paramIfInclude, paramIfExclude)
+	}
 	if include == "" {
+		excluded := ifaceMatcher(exclude)
 		if env.LocalSize >= env.Size {
-			return []net.IP{net.IPv4(127, 0, 0, 1)}, nil
+			lo, err := ifaceIPs(func(ifc net.Interface, ip net.IP) bool { return ip.Equal(net.IPv4(127, 0, 0, 1)) })
+			if err != nil || len(lo) == 0 {
+				// No loopback interface listed (a bare namespace): the
+				// address still works when lo is up.
+				lo = []net.IP{net.IPv4(127, 0, 0, 1)}
+			}
+			if exclude == "" || !excluded(loopbackIface(), lo[0]) {
+				return lo[:1], nil
+			}
 		}
 		ips, err := ifaceIPs(func(ifc net.Interface, ip net.IP) bool {
-			return ifc.Flags&net.FlagLoopback == 0 && !ip.IsLinkLocalUnicast()
+			return ifc.Flags&net.FlagLoopback == 0 && !ip.IsLinkLocalUnicast() && !excluded(ifc, ip)
 		})
 		if err == nil && len(ips) == 0 {
-			err = fmt.Errorf("no up, non-loopback interface with an address")
+			err = fmt.Errorf("no up, non-loopback interface with an address left (%s=%q)", paramIfExclude, exclude)
 		}
 		if err != nil {
-			return nil, mpierr.Errorf(mpierr.ErrNotSupported, "tcp: ranks on several hosts: %v", err)
+			return nil, mpierr.Errorf(mpierr.ErrNotSupported, "tcp: no interface to listen on: %v", err)
 		}
 		return ips, nil
 	}
@@ -99,6 +116,56 @@ func listenIPs(env *btl.Env, include string) ([]net.IP, error) {
 		return nil, mpierr.Errorf(mpierr.ErrArg, "%s=%q names no address", paramIfInclude, include)
 	}
 	return out, nil
+}
+
+// ifaceMatcher returns whether an interface's address is named by list:
+// interface names, addresses or CIDR subnets, comma separated.
+func ifaceMatcher(list string) func(net.Interface, net.IP) bool {
+	var names []string
+	var ips []net.IP
+	var nets []*net.IPNet
+	for _, item := range strings.Split(list, ",") {
+		item = strings.TrimSpace(item)
+		switch _, subnet, err := net.ParseCIDR(item); {
+		case item == "":
+		case err == nil:
+			nets = append(nets, subnet)
+		case net.ParseIP(item) != nil:
+			ips = append(ips, net.ParseIP(item))
+		default:
+			names = append(names, item)
+		}
+	}
+	return func(ifc net.Interface, ip net.IP) bool {
+		for _, n := range names {
+			if ifc.Name == n {
+				return true
+			}
+		}
+		for _, x := range ips {
+			if x.Equal(ip) {
+				return true
+			}
+		}
+		for _, n := range nets {
+			if n.Contains(ip) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// loopbackIface returns the loopback interface (its name matters to
+// ifaceMatcher), or one named lo when none is listed.
+func loopbackIface() net.Interface {
+	ifs, _ := net.Interfaces()
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagLoopback != 0 {
+			return ifc
+		}
+	}
+	return net.Interface{Name: "lo", Flags: net.FlagLoopback}
 }
 
 // ifaceIPs returns the addresses of the up interfaces that keep accepts.

@@ -74,6 +74,7 @@ const have = btl.CapSend | btl.CapSendImmediate | btl.CapSendInPlace | btl.CapPu
 const (
 	paramLinks          = "btl_tcp_links"
 	paramIfInclude      = "btl_tcp_if_include"
+	paramIfExclude      = "btl_tcp_if_exclude"
 	paramBusyPoll       = "btl_tcp_busy_poll"
 	paramConnectTimeout = "btl_tcp_connect_timeout"
 	paramPoll           = "btl_tcp_poll"
@@ -98,6 +99,8 @@ func init() {
 		Help: "TCP connections (modules) per peer; the PML stripes large transfers over them"})
 	params.Register(params.Def{Name: paramIfInclude, Kind: params.String, Default: "",
 		Help: "comma list of interface names, addresses or CIDR subnets the tcp transport listens on (default: 127.0.0.1 when every rank is on this host, else every non-loopback interface)"})
+	params.Register(params.Def{Name: paramIfExclude, Kind: params.String, Default: "",
+		Help: "comma list of interface names, addresses or CIDR subnets the tcp transport does not listen on (not together with btl_tcp_if_include)"})
 	params.Register(params.Def{Name: paramBusyPoll, Kind: params.Duration, Default: "200us",
 		Help: "how long a tcp reader goroutine spins on its socket before it sleeps in poll(2), when no application goroutine is polling (0: never spin; 0 when oversubscribed unless set explicitly). On the 2-vCPU reference VM 200us made 1-4 MiB ping-pong 20-40% faster and streaming bandwidth 20-35% higher than 0"})
 	params.Register(params.Def{Name: paramPoll, Kind: params.Bool, Default: "true",
@@ -180,7 +183,7 @@ func (component) Open(env *btl.Env) ([]btl.Module, error) {
 	if err != nil {
 		return nil, err
 	}
-	ips, err := listenIPs(env, env.Params.String(paramIfInclude))
+	ips, err := listenIPs(env, env.Params.String(paramIfInclude), env.Params.String(paramIfExclude))
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/btl/btltest"
+	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/internal/params"
 )
 
@@ -158,11 +159,11 @@ func TestDefaults(t *testing.T) {
 
 func TestListenIPs(t *testing.T) {
 	local := &btl.Env{Size: 2, LocalSize: 2}
-	ips, err := listenIPs(local, "")
+	ips, err := listenIPs(local, "", "")
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1", ips[0].String(), "single-host jobs listen on loopback")
 	for _, inc := range []string{"lo", "127.0.0.1", "127.0.0.0/8", " lo , 127.0.0.1 "} {
-		ips, err := listenIPs(local, inc)
+		ips, err := listenIPs(local, inc, "")
 		require.NoError(t, err, inc)
 		require.Contains(t, fmt.Sprint(ips), "127.0.0.1", inc)
 		for _, ip := range ips {
@@ -170,9 +171,32 @@ func TestListenIPs(t *testing.T) {
 		}
 	}
 	for _, inc := range []string{"no-such-if0", "203.0.113.0/24", ","} {
-		_, err := listenIPs(local, inc)
+		_, err := listenIPs(local, inc, "")
 		require.Error(t, err, inc)
 	}
+}
+
+// btl_tcp_if_exclude takes addresses out of the default choice, and does
+// not go with btl_tcp_if_include.
+func TestListenIPsExclude(t *testing.T) {
+	local := &btl.Env{Size: 2, LocalSize: 2}
+	_, err := listenIPs(local, "lo", "eth0")
+	require.ErrorIs(t, err, mpierr.ErrArg, "include and exclude together")
+	ips, err := listenIPs(local, "", "203.0.113.0/24")
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1", ips[0].String(), "excluding another subnet keeps loopback")
+	for _, ex := range []string{"127.0.0.0/8", "127.0.0.1", loopbackIface().Name} {
+		ips, err := listenIPs(local, "", ex)
+		if err != nil {
+			require.ErrorIs(t, err, mpierr.ErrNotSupported, "%s: no other interface here", ex)
+			continue
+		}
+		for _, ip := range ips {
+			require.False(t, ip.IsLoopback(), "%s excluded, yet %v chosen", ex, ip)
+		}
+	}
+	_, err = listenIPs(local, "", "0.0.0.0/0,::/0,"+loopbackIface().Name)
+	require.ErrorIs(t, err, mpierr.ErrNotSupported, "nothing left")
 }
 
 func TestTwoInterfacesBlob(t *testing.T) {
