@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 
@@ -127,6 +128,10 @@ func decode(t Type, b []byte) (int, error) {
 		_, n, err = DecodeFin(b)
 	case TypeCredit:
 		_, n, err = DecodeCredit(b)
+	default:
+		// Not a PML header: the dispatcher routes fragments by type, so
+		// no decoder sees one.
+		return 0, fmt.Errorf("%w: type %#x", ErrMalformed, uint8(t))
 	}
 	return n, err
 }
