@@ -216,7 +216,9 @@ func decodeStrings(b []byte, count uint64) ([]string, error) {
 	out := make([]string, 0, count)
 	for i := uint64(0); i < count; i++ {
 		l, k := binary.Uvarint(b)
-		if k <= 0 || l > uint64(len(b)-k) {
+		// A length ending in a zero byte after the first is an overlong
+		// varint: one value, one encoding.
+		if k <= 0 || k > 1 && b[k-1] == 0 || l > uint64(len(b)-k) {
 			return nil, fmt.Errorf("string %d of %d: bad length", i, count)
 		}
 		out = append(out, string(b[k:k+int(l)]))
