@@ -47,35 +47,6 @@ type daemonConfig struct {
 	Verbose bool     `json:"verbose"`
 }
 
-// storeAddrs lists the addresses of this host's store port that other
-// hosts may reach: every up, non-loopback IPv4 and IPv6 address, then
-// loopback.
-func storeAddrs(listen string) ([]string, error) {
-	_, port, err := net.SplitHostPort(listen)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return nil, err
-	}
-	for _, ifc := range ifs {
-		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
-			continue
-		}
-		addrs, _ := ifc.Addrs()
-		for _, a := range addrs {
-			ipn, ok := a.(*net.IPNet)
-			if !ok || ipn.IP.IsLinkLocalUnicast() {
-				continue
-			}
-			out = append(out, net.JoinHostPort(ipn.IP.String(), port))
-		}
-	}
-	return append(out, net.JoinHostPort("127.0.0.1", port)), nil
-}
-
 // startDaemons starts one daemon per host that has ranks.
 func (j *job) startDaemons(path string, env []string, hostRanks [][]int, stores []string) error {
 	self := j.cfg.Self

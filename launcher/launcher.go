@@ -233,7 +233,7 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	}
 	storeAddr := srv.Addr()
 	if listen == ":0" {
-		addrs, err := storeAddrs(srv.Addr())
+		addrs, err := store.ReachableAddrs(srv.Addr())
 		if err != nil {
 			srv.Close()
 			return ExitFailure, err
@@ -290,7 +290,7 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	j := &job{cfg: cfg, out: out, srv: srv, exits: make(chan int, cfg.NP), lost: -1}
 	switch {
 	case len(cfg.Hosts) > 0:
-		stores, err := storeAddrs(srv.Addr())
+		stores, err := store.ReachableAddrs(srv.Addr())
 		if err != nil {
 			return ExitFailure, err
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"net"
 	"os"
 	"strings"
 	"sync"
@@ -34,38 +33,12 @@ func startLive(secret []byte, size int) (*store.Server, []string, error) {
 		for range srv.Events() { // the launcher's notices: not needed here
 		}
 	}()
-	addrs, err := reachableAddrs(srv.Addr())
+	addrs, err := store.ReachableAddrs(srv.Addr())
 	if err != nil {
 		srv.Close()
 		return nil, nil, err
 	}
 	return srv, addrs, nil
-}
-
-// reachableAddrs lists host:port for every up, non-loopback address of this
-// host, then loopback.
-func reachableAddrs(listen string) ([]string, error) {
-	_, port, err := net.SplitHostPort(listen)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return nil, err
-	}
-	for _, ifc := range ifs {
-		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
-			continue
-		}
-		as, _ := ifc.Addrs()
-		for _, a := range as {
-			if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLinkLocalUnicast() {
-				out = append(out, net.JoinHostPort(ipn.IP.String(), port))
-			}
-		}
-	}
-	return append(out, net.JoinHostPort("127.0.0.1", port)), nil
 }
 
 // live is a rank's lazily made connection to rank 0's store.
