@@ -230,7 +230,7 @@ func hostileFrameCase(t *testing.T, frames func(uint64) []byte, protocol bool, l
 		require.False(t, errors.Is(f.err, mpierr.ErrProtocol), "%v", f.err)
 	}
 	require.ErrorContains(t, f.err, log)
-	require.True(t, r0.log.contains(log), "logged")
+	require.True(t, r0.log.Contains(log), "logged")
 	// The connection was dropped.
 	dropped(t, nc)
 	require.Equal(t, make([]byte, 64), mem, "hostile frames wrote into registered memory")
@@ -351,14 +351,12 @@ func dropped(t *testing.T, nc net.Conn) {
 }
 
 // waitLog waits until l has logged a message containing s.
-func waitLog(t *testing.T, l *testLog, s string) {
+func waitLog(t *testing.T, l *btltest.Log, s string) {
 	t.Helper()
 	deadline := time.Now().Add(waitFor)
-	for !l.contains(s) {
+	for !l.Contains(s) {
 		if time.Now().After(deadline) {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			t.Fatalf("no log message containing %q; log: %q", s, l.msgs)
+			t.Fatalf("no log message containing %q; log: %q", s, l.Messages())
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -459,7 +457,7 @@ func TestSimultaneousConnect(t *testing.T) {
 			require.NotNil(t, cb)
 			require.Equal(t, ca.laddr, cb.raddr, "link %d: the two ranks kept different connections", link)
 		}
-		if ranks[0].log.contains("simultaneous") || ranks[1].log.contains("simultaneous") {
+		if ranks[0].log.Contains("simultaneous") || ranks[1].log.Contains("simultaneous") {
 			ties++
 		}
 		ws[0].noFailure(t)

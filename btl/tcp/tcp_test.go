@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -19,55 +17,10 @@ import (
 
 var testSecret = []byte("0123456789abcdef-test-secret")
 
-// testLog is a Logf for module goroutines that outlive nothing: it stops
-// forwarding to t when the test ends.
-type testLog struct {
-	t    testing.TB
-	done atomic.Bool
-	mu   sync.Mutex
-	msgs []string
-}
-
-func newTestLog(t testing.TB) *testLog {
-	l := &testLog{t: t}
-	t.Cleanup(func() { l.done.Store(true) })
-	return l
-}
-
-func (l *testLog) Logf(format string, a ...any) {
-	msg := fmt.Sprintf(format, a...)
-	l.mu.Lock()
-	l.msgs = append(l.msgs, msg)
-	l.mu.Unlock()
-	if !l.done.Load() && testing.Verbose() {
-		l.t.Log(msg)
-	}
-}
-
-func (l *testLog) contains(s string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, m := range l.msgs {
-		if contains(m, s) {
-			return true
-		}
-	}
-	return false
-}
-
-func contains(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return true
-		}
-	}
-	return false
-}
-
 // rank is one opened rank of a test job.
 type rank struct {
 	env  *btl.Env
-	log  *testLog
+	log  *btltest.Log
 	mods []*module
 }
 
@@ -98,7 +51,7 @@ func openRank(t testing.TB, store btl.Store, i, n int, overrides ...[2]string) *
 	t.Helper()
 	set, err := params.NewSet(overrides)
 	require.NoError(t, err)
-	log := newTestLog(t)
+	log := btltest.NewLog(t)
 	env := &btl.Env{Rank: i, Size: n, LocalRank: i, LocalSize: n, JobID: "test-job", Secret: testSecret,
 		Params: set, Store: store, Dispatch: &btl.Dispatcher{}, Logf: log.Logf}
 	mods, err := component{}.Open(env)

@@ -1,9 +1,6 @@
 package verbs
 
 import (
-	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -15,30 +12,6 @@ import (
 	"github.com/gompi-org/gompi/btl/verbs/internal/loopib"
 	"github.com/gompi-org/gompi/internal/params"
 )
-
-// testLog is a Logf that stops forwarding to t when the test ends.
-type testLog struct {
-	t    testing.TB
-	done atomic.Bool
-	mu   sync.Mutex
-	msgs []string
-}
-
-func newTestLog(t testing.TB) *testLog {
-	l := &testLog{t: t}
-	t.Cleanup(func() { l.done.Store(true) })
-	return l
-}
-
-func (l *testLog) Logf(format string, a ...any) {
-	msg := fmt.Sprintf(format, a...)
-	l.mu.Lock()
-	l.msgs = append(l.msgs, msg)
-	l.mu.Unlock()
-	if !l.done.Load() && testing.Verbose() {
-		l.t.Log(msg)
-	}
-}
 
 // rank is one opened rank of a test job.
 type rank struct {
@@ -57,7 +30,7 @@ func openJob(t testing.TB, n int, newProv func(i int) ibv.Provider, overrides ..
 	require.NoError(t, err)
 	ranks := make([]*rank, n)
 	for i := range n {
-		log := newTestLog(t)
+		log := btltest.NewLog(t)
 		env := &btl.Env{Rank: i, Size: n, LocalRank: i, LocalSize: n, JobID: "test-job", Secret: []byte("secret"),
 			Params: set, Store: store, Dispatch: &btl.Dispatcher{}, Logf: log.Logf}
 		m, err := openModule(env, cfg, newProv(i))
