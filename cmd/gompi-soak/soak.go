@@ -536,28 +536,32 @@ func receive(ctx context.Context, c *mpi.Comm, cfg *config, rd *round, chk *chec
 }
 
 // probe is Probe(AnySource, AnyTag) that gives up when ctx ends.
-func probe(ctx context.Context, c *mpi.Comm) (mpi.Status, error) {
-	for {
-		st, ok, err := c.Iprobe(mpi.AnySource, mpi.AnyTag)
-		if err != nil || ok {
-			return st, err
-		}
-		if err := ctx.Err(); err != nil {
-			return st, err
-		}
-		time.Sleep(20 * time.Microsecond)
-	}
+func probe(ctx context.Context, c *mpi.Comm) (st mpi.Status, err error) {
+	err = poll(ctx, func() (found bool, err error) {
+		st, found, err = c.Iprobe(mpi.AnySource, mpi.AnyTag)
+		return found, err
+	})
+	return st, err
 }
 
 // mprobe is Mprobe(AnySource, AnyTag) that gives up when ctx ends.
-func mprobe(ctx context.Context, c *mpi.Comm) (*mpi.Message, mpi.Status, error) {
+func mprobe(ctx context.Context, c *mpi.Comm) (m *mpi.Message, st mpi.Status, err error) {
+	err = poll(ctx, func() (found bool, err error) {
+		m, st, found, err = c.Improbe(mpi.AnySource, mpi.AnyTag)
+		return found, err
+	})
+	return m, st, err
+}
+
+// poll calls try until it finds something or fails, or ctx ends.
+func poll(ctx context.Context, try func() (bool, error)) error {
 	for {
-		m, st, ok, err := c.Improbe(mpi.AnySource, mpi.AnyTag)
-		if err != nil || ok {
-			return m, st, err
+		found, err := try()
+		if err != nil || found {
+			return err
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, st, err
+			return err
 		}
 		time.Sleep(20 * time.Microsecond)
 	}
