@@ -4,689 +4,12 @@ import (
 	"context"
 	"sync"
 
-	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/internal/mpierr"
-	"github.com/gompi-org/gompi/pml/hdr"
 )
 
-// ---- inbound matching fragments ----
-
-// onMatching handles MATCH, RNDV and RGET: admission in sequence order,
-// then matching against posted receives. A well-formed MATCH is decoded
-// in place and, when in sequence for a posted receive, delivered by
-// deliverInOrderLocked without building a frag; anything else goes to
-// admitLocked under the same hold of the lock. Other types (and faults)
-// are onMatchingFrag's.
-func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
-	var m hdr.Match
-	if !m.DecodeMatch(b) {
-		e.onMatchingFrag(ep, b, data)
-		return
-	}
-	p := e.peerOf(ep)
-	if p == nil {
-		e.protocolError(ep, "fragment from a rank without a transport")
-		return
-	}
-	e.mu.Lock()
-	if e.closed == nil {
-		if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, p.world) && e.deliverInOrderLocked(c, m.Src, m.Tag, m.Seq, p, data) {
-			due := len(e.grants) != 0
-			e.mu.Unlock()
-			if due {
-				e.sendGrants()
-			}
-			return
-		}
-	}
-	f := frag{typ: hdr.TypeMatch, m: m, msgLen: len(data), data: data, peer: p}
-	e.admitLocked(ep, &f, true)
-}
-
-// onMatchingFrag is onMatching for the other types and for malformed
-// headers: decoded by type into a frag, then admitted.
-func (e *Engine) onMatchingFrag(ep btl.Endpoint, b, data []byte) {
-	var f frag // decoded here, then copied into e.scratch under the lock (f must not escape)
-	if len(b) == 0 {
-		e.protocolError(ep, "empty header on a matching tag")
-		return
-	}
-	f.typ = hdr.Type(b[0])
-	switch f.typ {
-	case hdr.TypeMatch:
-		if err := f.m.Decode(b); err != nil { // in place: see Match.Decode
-			e.protocolError(ep, "%v", err)
-			return
-		}
-		f.msgLen = len(data)
-	case hdr.TypeRndv:
-		h, _, err := hdr.DecodeRndv(b)
-		if err != nil {
-			e.protocolError(ep, "%v", err)
-			return
-		}
-		if h.MsgLen > 1<<62 || uint64(len(data)) > h.MsgLen {
-			e.protocolError(ep, "RNDV carries %d bytes of a %d-byte message", len(data), h.MsgLen)
-			return
-		}
-		f.m, f.msgLen, f.srcReq = h.Match, int(h.MsgLen), h.SrcReq
-	case hdr.TypeRget:
-		h, _, err := hdr.DecodeRget(b)
-		if err != nil {
-			e.protocolError(ep, "%v", err)
-			return
-		}
-		if h.MsgLen > 1<<62 || len(data) != 0 {
-			e.protocolError(ep, "malformed RGET")
-			return
-		}
-		f.m, f.msgLen, f.srcReq, f.handle = h.Match, int(h.MsgLen), h.SrcReq, h.Handle
-	default:
-		e.protocolError(ep, "a %v header on a matching tag", f.typ)
-		return
-	}
-	f.data = data
-	f.peer = e.peerOf(ep)
-	if f.peer == nil {
-		e.protocolError(ep, "fragment from a rank without a transport")
-		return
-	}
-	e.mu.Lock()
-	e.admitLocked(ep, &f, false)
-}
-
-// admitLocked takes f, a decoded matching fragment with its peer, with
-// e.mu held, and releases the lock: dropped when the engine is closed,
-// parked when its communicator does not exist here yet, refused when its
-// source does not belong to its sender, otherwise delivered or queued in
-// sequence order. inOrderTried: deliverInOrderLocked already declined it.
-func (e *Engine) admitLocked(ep btl.Endpoint, f *frag, inOrderTried bool) {
-	if e.closed != nil {
-		e.mu.Unlock()
-		return
-	}
-	c := e.commLocked(f.m.Ctx)
-	if c == nil {
-		// The communicator does not exist here yet (a peer finished Dup
-		// first): keep the fragment until NewComm.
-		sf := &e.scratch
-		*sf = *f
-		e.parked = append(e.parked, e.copyFrag(sf))
-		*sf = frag{}
-		e.mu.Unlock()
-		return
-	}
-	if !c.fromRank(f.m.Src, ep.Peer()) {
-		e.mu.Unlock()
-		e.protocolError(ep, "source rank %d does not belong to rank %d in context %d", f.m.Src, ep.Peer(), f.m.Ctx)
-		return
-	}
-	if !inOrderTried && f.typ == hdr.TypeMatch && e.deliverInOrderLocked(c, f.m.Src, f.m.Tag, f.m.Seq, f.peer, f.data) {
-		e.unlockFlush()
-		return
-	}
-	sf := &e.scratch
-	*sf = *f
-	e.arrive(c, sf, false)
-	*sf = frag{}
-	start := len(e.toStart) > 0
-	e.unlockFlush()
-	if start {
-		e.runStarts()
-	}
-}
-
-// commLocked returns the communicator of context ctx, nil if it does not
-// exist here (yet). Called with e.mu held.
-func (e *Engine) commLocked(ctx uint32) *Comm {
-	c := e.lastComm
-	if c == nil || c.ctx != ctx {
-		if c = e.comms[ctx]; c != nil {
-			e.lastComm = c // communicators never leave e.comms
-		}
-	}
-	return c
-}
-
-// fromRank reports whether communicator rank src is world rank world.
-func (c *Comm) fromRank(src int32, world int) bool {
-	return int(src) >= 0 && int(src) < len(c.group) && c.group[src] == world
-}
-
-// deliverInOrderLocked is the common case of a MATCH fragment (source,
-// tag and sequence number of its header), without the general path's
-// copies: eager data from peer p for communicator c, in sequence with
-// nothing waiting behind it, for a posted receive (not a probe). It
-// reports whether it delivered; false changes nothing. The source is
-// checked against c's group by the caller. Called with e.mu held.
-func (e *Engine) deliverInOrderLocked(c *Comm, src32, tag32 int32, seq uint16, p *peer, data []byte) bool {
-	ps := &c.seqs[src32]
-	if seq != ps.expect || ps.ooo != nil {
-		return false
-	}
-	src, tag := int(src32), int(tag32)
-	r := c.m.takeFirst(src, tag)
-	if r == nil {
-		return false
-	}
-	ps.expect++
-	if ps.expect == ps.grantAt { // the sender's window is due to grow (flow.go)
-		e.grantDueLocked(c, src32)
-	}
-	if r.buf.Conv != nil || len(data) > len(r.buf.Bytes) || e.countStats {
-		e.deliverEager(r, p, src, tag, data)
-		return true
-	}
-	// A receive whose message fits, in place: the data and the result
-	// are written, none of deliverEager's bookkeeping, which nobody
-	// reads once the request is done, and a request given back from
-	// here is cleaned by resetPosted.
-	n := copy(r.buf.Bytes, data)
-	r.mpiDone = true
-	r.status = Status{Source: src, Tag: tag, Count: n}
-	// complete's work, written out for this case (no error, a count
-	// that fits the sink): the call with its general result cost 40
-	// instructions a message here (bench/instr.sh).
-	parks := r.parks
-	s := r.sink
-	if s == nil { // a blocking Recv's, say: its poster resets it before reuse
-		r.done.Store(r.gen + 1)
-		r.notify(parks)
-		return true
-	}
-	s.Source, s.Tag, s.Count = int32(src), int32(tag), uint32(n) // eager data is far below 4 GiB
-	free := s.gone(false)
-	r.notify(parks)
-	if free && r.owned && len(e.free) < freeMax { // poolable: no id, no release
-		r.resetPosted()
-		e.free = append(e.free, r)
-	}
-	return true
-}
-
-// onMatchingRun takes a run of MATCH fragments from one endpoint (a
-// btl.RunHandler): the common ones under one hold of the engine lock, any
-// other through onMatching, in order.
-func (e *Engine) onMatchingRun(ep btl.Endpoint, hdrs, datas [][]byte) {
-	if len(hdrs) == 1 {
-		e.onMatching(ep, hdrs[0], datas[0])
-		return
-	}
-	r := ep.Peer()
-	var p *peer
-	if r >= 0 && r < e.size {
-		p = e.peers[r].Load()
-	}
-	var m hdr.Match
-	known := p != nil && p.ep != nil
-	e.mu.Lock()
-	for i, b := range hdrs {
-		if known && e.closed == nil && m.DecodeMatch(b) {
-			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, r) && e.deliverInOrderLocked(c, m.Src, m.Tag, m.Seq, p, datas[i]) {
-				continue
-			}
-		}
-		// Anything else (and every error) the way of a single fragment.
-		e.mu.Unlock()
-		e.onMatching(ep, b, datas[i])
-		e.mu.Lock()
-	}
-	due := len(e.grants) != 0 // unlockFlush, written out on this path
-	e.mu.Unlock()
-	if due {
-		e.sendGrants()
-	}
-}
-
-// arrive admits f in sequence order (parking early arrivals) and matches
-// it and any out-of-sequence fragments it unblocks. Called with e.mu held.
-func (e *Engine) arrive(c *Comm, f *frag, copied bool) {
-	ps := &c.seqs[f.m.Src]
-	if f.m.Seq != ps.expect {
-		if !copied {
-			f = e.copyFrag(f)
-		}
-		// Insert sorted by distance from the expected number (handles wrap-around).
-		d := int16(f.m.Seq - ps.expect)
-		pp := &ps.ooo
-		for *pp != nil && int16((*pp).m.Seq-ps.expect) < d {
-			pp = &(*pp).oooNext
-		}
-		f.oooNext = *pp
-		*pp = f
-		return
-	}
-	ps.expect++
-	src := f.m.Src
-	e.match(c, f, copied)
-	for ps.ooo != nil && ps.ooo.m.Seq == ps.expect {
-		g := ps.ooo
-		ps.ooo = g.oooNext
-		g.oooNext = nil
-		ps.expect++
-		e.match(c, g, true)
-	}
-	e.flowCheckLocked(c, src)
-}
-
-// match delivers an in-sequence fragment to the earliest-posted matching
-// receive, completing probes on the way, or queues it as unexpected.
-func (e *Engine) match(c *Comm, f *frag, copied bool) {
-	if e.dropsFromFailedLocked(f) {
-		return
-	}
-	src, tag := int(f.m.Src), int(f.m.Tag)
-	for {
-		r := c.m.findPosted(src, tag)
-		if r == nil {
-			if !copied {
-				f = e.copyFrag(f)
-			}
-			c.m.addUnexpected(f)
-			e.heldLocked(c, f, 1)
-			return
-		}
-		c.m.unpost(r)
-		switch r.kind {
-		case kindProbe:
-			r.complete(Status{Source: src, Tag: tag, Count: f.msgLen}, nil)
-			continue
-		case kindMprobe:
-			if !copied {
-				f = e.copyFrag(f)
-			}
-			r.frag = f
-			r.complete(Status{Source: src, Tag: tag, Count: f.msgLen}, nil)
-			return
-		}
-		e.deliver(r, f)
-		if copied {
-			e.freeFrag(f)
-		}
-		return
-	}
-}
-
-// deliver hands a matched message to receive r. Eager data is stored at
-// once; a rendezvous is queued to be started outside the lock. e.mu held.
-func (e *Engine) deliver(r *Request, f *frag) {
-	if f.typ == hdr.TypeMatch {
-		e.deliverEager(r, f.peer, int(f.m.Src), int(f.m.Tag), f.data)
-		return
-	}
-	r.msgLen = f.msgLen
-	r.peerWorld = f.peer.world
-	r.ep = f.peer.ep
-	r.status = Status{Source: int(f.m.Src), Tag: int(f.m.Tag)}
-	capacity := r.buf.Len()
-	r.stored = min(f.msgLen, capacity)
-	if e.countStats {
-		e.Stats.Recvd.Add(1)
-	}
-	r.srcReq = f.srcReq
-	r.flags = f.m.Flags
-	if err := e.peers[f.peer.world].Load().failed; err != nil {
-		// The sender died after its RNDV/RGET arrived: the rest never will.
-		r.mpiDone = true
-		r.complete(Status{Source: r.status.Source, Tag: r.status.Tag}, err)
-		return
-	}
-	if f.typ == hdr.TypeRget {
-		r.handle = append(r.hbuf[:0], f.handle...)
-	} else {
-		e.unpack(r, 0, f.data)
-		r.received = len(f.data)
-	}
-	r.id = e.nextID
-	e.nextID++
-	e.reqs[r.id] = r
-	r.flags |= 0x80 // marks "RGET" below when typ is RGET
-	if f.typ != hdr.TypeRget {
-		r.flags &^= 0x80
-	}
-	e.toStart = append(e.toStart, r)
-}
-
-// deliverEager stores an eager message (a MATCH fragment's data) into
-// receive r and completes it. e.mu held.
-func (e *Engine) deliverEager(r *Request, p *peer, src, tag int, data []byte) {
-	r.msgLen = len(data)
-	r.peerWorld = p.world
-	r.ep = p.ep
-	r.status = Status{Source: src, Tag: tag}
-	r.stored = min(len(data), r.buf.Len())
-	if e.countStats {
-		e.Stats.Recvd.Add(1)
-	}
-	e.unpack(r, 0, data)
-	r.received = len(data)
-	e.finishRecvLocked(r)
-}
-
-// unpack stores data at message offset off of r, clipped to the buffer.
-func (e *Engine) unpack(r *Request, off int, data []byte) {
-	if off >= r.stored {
-		return
-	}
-	data = data[:min(len(data), r.stored-off)]
-	if r.buf.Conv == nil {
-		copy(r.buf.Bytes[off:], data)
-		return
-	}
-	r.convMu.Lock()
-	r.buf.Conv.SetPosition(off)
-	r.buf.Conv.Unpack(data)
-	r.convMu.Unlock()
-}
-
-func (e *Engine) finishRecvLocked(r *Request) {
-	if r.mpiDone {
-		return
-	}
-	r.mpiDone = true
-	if r.id != 0 {
-		delete(e.reqs, r.id)
-	}
-	if r.regs != nil { // ranging over a nil map still starts an iterator (a call)
-		for _, reg := range r.regs {
-			reg.Release()
-		}
-		r.regs = nil
-	}
-	st := r.status
-	st.Count = r.stored
-	var err error
-	if r.msgLen > r.stored {
-		err = mpierr.Errorf(mpierr.ErrTruncate, "message of %d bytes from rank %d tag %d into a buffer of %d", r.msgLen, st.Source, st.Tag, r.stored)
-	}
-	if r.complete(st, err) && r.poolable() && len(e.free) < freeMax {
-		// The result is in the owner's sink and no call of the owner holds
-		// r, and nothing here touches r after this: it goes back now.
-		r.reset()
-		e.free = append(e.free, r)
-	}
-}
-
-func (e *Engine) checkRecvLocked(r *Request) {
-	if r.received >= r.msgLen && r.inflight == 0 {
-		e.finishRecvLocked(r)
-	}
-}
-
-// runStarts starts matched rendezvous receives (outside the lock).
-func (e *Engine) runStarts() {
-	for {
-		e.mu.Lock()
-		n := len(e.toStart)
-		if n == 0 {
-			e.mu.Unlock()
-			return
-		}
-		r := e.toStart[n-1]
-		e.toStart[n-1] = nil
-		e.toStart = e.toStart[:n-1]
-		e.mu.Unlock()
-		e.startRecv(r)
-	}
-}
-
-func (e *Engine) sendAck(r *Request, off, size int, flags uint8) {
-	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
-	h := hdr.Ack{Flags: flags, SrcReq: r.srcReq, DstReq: r.id, SendOffset: uint64(off), SendSize: uint64(size)}
-	n := h.Encode(hb[:])
-	if err := e.sendImmTo(r.peerWorld, r.ep, btl.Tag(hdr.TypeAck), hb[:n], nil); err != nil {
-		if _, err := e.sendTo(r.peerWorld, r.ep, btl.Tag(hdr.TypeAck), hb[:n], nil, func(error) {}); err != nil {
-			e.PeerFailed(r.peerWorld, err)
-		}
-	}
-	hdrPool.Put(hb)
-}
-
-// startRecv runs the receiver's side of a matched RNDV or RGET (notes A.5).
-func (e *Engine) startRecv(r *Request) {
-	p := e.peers[r.peerWorld].Load()
-	contig := r.buf.Conv == nil && r.stored == r.msgLen
-	if r.flags&0x80 != 0 { // RGET
-		if !contig || p.caps&btl.CapGet == 0 || e.force == ForceSendPipeline {
-			e.sendAck(r, 0, 0, hdr.FlagNoRDMA)
-			return
-		}
-		e.getAll(r, p)
-		return
-	}
-	choice := Choose(RecvInfo{MsgLen: r.msgLen, Received: r.received, Flags: r.flags, Contiguous: contig, Caps: p.caps, Limits: p.lim, Force: e.force})
-	switch choice {
-	case RecvDirectPut:
-		e.mu.Lock()
-		r.ranges = append(r.ranges[:0], span{r.received, r.msgLen - r.received})
-		e.mu.Unlock()
-		e.schedPutsFirst(r, true, r.msgLen-r.received)
-		return
-	case RecvRDMAPipeline:
-		sendOff := max(r.received, r.msgLen-p.lim.RDMAPipelineSendLength)
-		e.mu.Lock()
-		if sendOff > r.received {
-			r.ranges = append(r.ranges[:0], span{r.received, sendOff - r.received})
-		}
-		e.mu.Unlock()
-		if sendOff < r.msgLen {
-			e.sendAck(r, sendOff, 0, 0)
-			e.schedPutsFirst(r, false, p.lim.RDMAPipelineFragSize)
-		} else {
-			e.schedPutsFirst(r, true, p.lim.RDMAPipelineFragSize)
-		}
-		return
-	}
-	// Copy pipeline (also: everything already arrived; the ACK tells the
-	// sender we matched, which completes a synchronous send).
-	e.sendAck(r, r.received, 0, hdr.FlagNoRDMA)
-	e.mu.Lock()
-	e.checkRecvLocked(r)
-	e.mu.Unlock()
-}
-
-// getAll reads the whole message with RDMA gets (RDMA direct get).
-func (e *Engine) getAll(r *Request, p *peer) {
-	chunk := r.msgLen
-	if l := p.lim.MaxRDMASize; l > 0 {
-		chunk = l
-	}
-	if r.msgLen == 0 {
-		e.sendFin(r.ep, r.srcReq, 0, 0)
-		e.mu.Lock()
-		e.checkRecvLocked(r)
-		e.mu.Unlock()
-		return
-	}
-	// msgLen, ep and the handle are read before the last GET: it may
-	// complete r.
-	handle, msgLen, ep := r.handle, r.msgLen, r.ep
-	for off := 0; off < msgLen; off += chunk {
-		n := min(chunk, msgLen-off)
-		if p.sg != nil && p.ep == ep {
-			// Done before it returns: nothing in flight to count, no
-			// completion closure to allocate.
-			e.getDone(r, off, n, false, p.sg.GetNow(r.buf.Bytes[off:off+n], handle, off))
-			continue
-		}
-		e.mu.Lock()
-		r.inflight++
-		e.mu.Unlock()
-		off := off
-		done, err := e.getTo(r.peerWorld, ep, r.buf.Bytes[off:off+n], handle, off, func(err error) { e.getDone(r, off, n, true, err) })
-		if err != nil {
-			e.getDone(r, off, n, true, err)
-		} else if done {
-			e.getDone(r, off, n, true, nil)
-		}
-	}
-}
-
-// getDone accounts for the GET of message bytes [off, off+n) of receive r
-// (counted: it was counted in flight). A failed one asks the sender to
-// copy that range instead.
-func (e *Engine) getDone(r *Request, off, n int, counted bool, err error) {
-	if err != nil {
-		// The GET no longer counts as in flight before the ACK goes out:
-		// over a synchronous transport the FRAGs that answer it arrive
-		// before Send returns.
-		e.mu.Lock()
-		if counted {
-			r.inflight--
-		}
-		r.slow = true // FRAGs will answer: their handlers hold r
-		e.mu.Unlock()
-		e.sendFin(r.ep, r.srcReq, off, -1)
-		e.sendAck(r, off, n, hdr.FlagNoRDMA)
-		e.mu.Lock()
-		e.checkRecvLocked(r)
-		e.mu.Unlock()
-		return
-	}
-	e.sendFin(r.ep, r.srcReq, off, n)
-	e.mu.Lock()
-	if counted {
-		r.inflight--
-	}
-	r.received += n
-	if !counted && !r.slow && !r.mpiDone && r.received >= r.msgLen && r.inflight == 0 {
-		// This call completes r, and neither getAll (which reads nothing
-		// of r after its last GET) nor anyone else touches it afterwards.
-		r.quiet = true
-	}
-	e.checkRecvLocked(r)
-	e.mu.Unlock()
-}
-
-// schedPutsFirst starts the PUT pipeline; ack says whether the first PUT
-// stands for the ACK (no ACK was sent), fragSize bounds each PUT.
-func (e *Engine) schedPutsFirst(r *Request, ack bool, fragSize int) {
-	e.mu.Lock()
-	r.acked = !ack // on the receive side: "an ACK or ACK-carrying PUT went out"
-	r.delivered = max(1, fragSize)
-	if len(r.ranges) == 0 {
-		e.checkRecvLocked(r)
-		e.mu.Unlock()
-		return
-	}
-	e.mu.Unlock()
-	e.schedPuts(r)
-}
-
-// schedPuts keeps up to pml_recv_pipeline_depth PUT requests in flight.
-func (e *Engine) schedPuts(r *Request) {
-	if r.sched.Add(1) != 1 {
-		return
-	}
-	for {
-		e.sendPuts(r)
-		if r.sched.Add(-1) == 0 {
-			return
-		}
-	}
-}
-
-func (e *Engine) sendPuts(r *Request) {
-	mod := r.ep.Module()
-	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
-	defer hdrPool.Put(hb)
-	for {
-		e.mu.Lock()
-		if r.mpiDone || len(r.ranges) == 0 || r.inflight >= e.recvDepth {
-			e.mu.Unlock()
-			return
-		}
-		sp := &r.ranges[0]
-		off, n := sp.off, min(sp.n, r.delivered)
-		sp.off += n
-		sp.n -= n
-		if sp.n == 0 {
-			r.ranges = r.ranges[1:]
-		}
-		flags := uint8(0)
-		if !r.acked {
-			flags = hdr.FlagAck
-			r.acked = true
-		}
-		r.inflight++
-		e.mu.Unlock()
-		reg, err := mod.Register(r.buf.Bytes[off:off+n], btl.AccessRemoteWrite|btl.AccessLocalWrite)
-		if err != nil || len(reg.Handle()) > hdr.MaxHandle {
-			// Cannot register: ask for this range by copy.
-			e.mu.Lock()
-			r.inflight--
-			e.mu.Unlock()
-			e.sendAck(r, off, n, hdr.FlagNoRDMA)
-			continue
-		}
-		e.mu.Lock()
-		if r.regs == nil {
-			r.regs = map[uint64]btl.Registration{}
-		}
-		r.regs[uint64(off)] = reg
-		e.mu.Unlock()
-		h := hdr.Put{Flags: flags, SrcReq: r.srcReq, DstReq: r.id, Offset: uint64(off), Size: uint64(n), Handle: reg.Handle()}
-		l := h.Encode(hb[:])
-		if _, err := e.sendTo(r.peerWorld, r.ep, btl.Tag(hdr.TypePut), hb[:l], nil, func(error) {}); err != nil {
-			e.PeerFailed(r.peerWorld, err)
-			return
-		}
-	}
-}
-
-// finPutLocked accounts a FIN for the PUT at off (n < 0: it failed and the
-// range will come by FRAGs).
-func (e *Engine) finPutLocked(r *Request, off, n int) {
-	if reg := r.regs[uint64(off)]; reg != nil {
-		reg.Release()
-		delete(r.regs, uint64(off))
-	}
-	r.inflight--
-	if n > 0 {
-		r.received += n
-	}
-	e.checkRecvLocked(r)
-}
-
-// onFrag stores a FRAG's bytes.
-func (e *Engine) onFrag(ep btl.Endpoint, b, data []byte) {
-	h, _, err := hdr.DecodeFrag(b)
-	if err != nil {
-		e.protocolError(ep, "%v", err)
-		return
-	}
-	e.mu.Lock()
-	r := e.reqs[h.DstReq]
-	if r == nil || r.kind != kindRecv || r.peerWorld != ep.Peer() || r.srcReq != h.SrcReq {
-		e.mu.Unlock()
-		e.protocolError(ep, "FRAG for unknown receive %d", h.DstReq)
-		return
-	}
-	if h.Offset > uint64(r.msgLen) || uint64(len(data)) > uint64(r.msgLen)-h.Offset {
-		e.mu.Unlock()
-		e.protocolError(ep, "FRAG [%d,+%d) beyond a message of %d bytes", h.Offset, len(data), r.msgLen)
-		return
-	}
-	e.mu.Unlock()
-	e.unpack(r, int(h.Offset), data)
-	e.mu.Lock()
-	r.received += len(data)
-	e.checkRecvLocked(r)
-	e.mu.Unlock()
-}
-
-// ---- fragment storage ----
-
-// copyFrag copies f (whose slices alias a transport's buffer) for storage.
-func (e *Engine) copyFrag(f *frag) *frag {
-	g := new(frag)
-	*g = *f
-	g.data = append([]byte(nil), f.data...)
-	g.handle = append([]byte(nil), f.handle...)
-	return g
-}
-
-func (e *Engine) freeFrag(*frag) {}
+// The common path of a receive: posting it (Irecv, Recv, the probes),
+// storing a matched message's bytes and completing it. Matching is in
+// recv_match.go, the rendezvous receive in recv_rndv.go.
 
 // ---- receives ----
 
@@ -1031,6 +354,63 @@ func (c *Comm) Cancel(r *Request) bool {
 	r.mpiDone = true
 	r.complete(Status{Source: r.peer, Tag: r.tag, Cancelled: true}, nil)
 	return true
+}
+
+// ---- storing and completing (e.mu held but for unpack) ----
+
+// unpack stores data at message offset off of r, clipped to the buffer.
+func (e *Engine) unpack(r *Request, off int, data []byte) {
+	if off >= r.stored {
+		return
+	}
+	data = data[:min(len(data), r.stored-off)]
+	if r.buf.Conv == nil {
+		copy(r.buf.Bytes[off:], data)
+		return
+	}
+	r.convMu.Lock()
+	r.buf.Conv.SetPosition(off)
+	r.buf.Conv.Unpack(data)
+	r.convMu.Unlock()
+}
+
+// finishRecvLocked completes receive r with what it stored (a truncation
+// error when the message was longer than the buffer) and gives r back to
+// the free list when nobody holds it any more. e.mu held.
+func (e *Engine) finishRecvLocked(r *Request) {
+	if r.mpiDone {
+		return
+	}
+	r.mpiDone = true
+	if r.id != 0 {
+		delete(e.reqs, r.id)
+	}
+	if r.regs != nil { // ranging over a nil map still starts an iterator (a call)
+		for _, reg := range r.regs {
+			reg.Release()
+		}
+		r.regs = nil
+	}
+	st := r.status
+	st.Count = r.stored
+	var err error
+	if r.msgLen > r.stored {
+		err = mpierr.Errorf(mpierr.ErrTruncate, "message of %d bytes from rank %d tag %d into a buffer of %d", r.msgLen, st.Source, st.Tag, r.stored)
+	}
+	if r.complete(st, err) && r.poolable() && len(e.free) < freeMax {
+		// The result is in the owner's sink and no call of the owner holds
+		// r, and nothing here touches r after this: it goes back now.
+		r.reset()
+		e.free = append(e.free, r)
+	}
+}
+
+// checkRecvLocked completes r once all of its message arrived and no RDMA
+// operation of it is in flight. e.mu held.
+func (e *Engine) checkRecvLocked(r *Request) {
+	if r.received >= r.msgLen && r.inflight == 0 {
+		e.finishRecvLocked(r)
+	}
 }
 
 // ---- failure draining (e.mu held) ----
