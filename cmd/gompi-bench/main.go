@@ -200,7 +200,9 @@ func bench(w *mpi.Comm, cfg *config) error {
 	var xs []int
 	var ys []float64
 	// In-process latency is printed beside its yardsticks: a Go channel
-	// ping-pong (half round trip) and copy() of the message's bytes.
+	// ping-pong (half round trip), copy() of the message's bytes, and a
+	// ping-pong of copies between two goroutines (each copies back what the
+	// other just wrote, as the two ranks' transfers do).
 	yard := cfg.inprocess && cfg.mode == "latency"
 	var chanUS float64
 	if rank == 0 {
@@ -209,12 +211,12 @@ func bench(w *mpi.Comm, cfg *config) error {
 		}
 		switch {
 		case cfg.csv && yard:
-			fmt.Fprintf(cfg.out, "size,%s,chan_us,copy_us\n", unit)
+			fmt.Fprintf(cfg.out, "size,%s,chan_us,copy_us,copy_pingpong_us\n", unit)
 		case cfg.csv:
 			fmt.Fprintf(cfg.out, "size,%s\n", unit)
 		case yard:
-			fmt.Fprintf(cfg.out, "# gompi-bench %s: median of %d batches; yardsticks: a Go channel ping-pong (half round trip) and copy() of size bytes in one goroutine\n%10s %14s %10s %8s %10s %9s\n",
-				cfg.mode, cfg.batches, "size", unit, "chan_us", "x_chan", "copy_us", "of_copy")
+			fmt.Fprintf(cfg.out, "# gompi-bench %s: median of %d batches; yardsticks: a Go channel ping-pong (half round trip), copy() of size bytes in one goroutine, and a copy ping-pong (two goroutines each copying back what the other wrote; half round trip)\n%10s %14s %10s %8s %10s %9s %10s %9s\n",
+				cfg.mode, cfg.batches, "size", unit, "chan_us", "x_chan", "copy_us", "of_copy", "copypp_us", "of_copypp")
 		default:
 			fmt.Fprintf(cfg.out, "# gompi-bench %s: median of %d batches; window %d; 1 MB = 1e6 B\n%10s %14s\n", cfg.mode, cfg.batches, cfg.window, "size", unit)
 		}
@@ -229,17 +231,18 @@ func bench(w *mpi.Comm, cfg *config) error {
 		}
 		if rank == 0 {
 			xs, ys = append(xs, size), append(ys, v)
-			var copyUS float64
+			var copyUS, copyPP float64
 			if yard {
 				copyUS = copyTime(size, cfg.batches)
+				copyPP = copyPingPong(size, cfg.batches)
 			}
 			switch {
 			case cfg.csv && yard:
-				fmt.Fprintf(cfg.out, "%d,%.3f,%.3f,%.3f\n", size, v, chanUS, copyUS)
+				fmt.Fprintf(cfg.out, "%d,%.3f,%.3f,%.3f,%.3f\n", size, v, chanUS, copyUS, copyPP)
 			case cfg.csv:
 				fmt.Fprintf(cfg.out, "%d,%.3f\n", size, v)
 			case yard:
-				fmt.Fprintf(cfg.out, "%10d %14.3f %10.3f %7.2fx %10.3f %8.0f%%\n", size, v, chanUS, v/chanUS, copyUS, 100*copyUS/v)
+				fmt.Fprintf(cfg.out, "%10d %14.3f %10.3f %7.2fx %10.3f %8.0f%% %10.3f %8.0f%%\n", size, v, chanUS, v/chanUS, copyUS, 100*copyUS/v, copyPP, 100*copyPP/v)
 			default:
 				fmt.Fprintf(cfg.out, "%10d %14.3f\n", size, v)
 			}
@@ -480,6 +483,41 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// copyPingPong returns the median half round trip, in microseconds, of a
+// ping-pong of copies between two goroutines: one copies a into b and
+// hands over, the other copies b back into a and hands back. Each copy
+// reads what the other goroutine has just written, as a transfer between
+// two ranks does; copy() in one goroutine (copyTime) reads the same
+// source again and again, which stays in the cache. Go's copy() writes
+// past the cache from 1 MiB up (non-temporal stores), so from there the
+// two yardsticks part.
+func copyPingPong(size, batches int) float64 {
+	a, b := make([]byte, size), make([]byte, size)
+	n := max(4, min(20000, (256<<20)/max(1, size)))
+	ping, pong := make(chan struct{}), make(chan struct{})
+	go func() {
+		for range ping {
+			copy(a, b)
+			pong <- struct{}{}
+		}
+	}()
+	defer close(ping)
+	vals := make([]float64, max(1, batches))
+	for k := -1; k < len(vals); k++ { // one unmeasured batch
+		start := time.Now()
+		for range n {
+			copy(b, a)
+			ping <- struct{}{}
+			<-pong
+		}
+		if k >= 0 {
+			vals[k] = time.Since(start).Seconds() / float64(n) / 2 * 1e6
+		}
+	}
+	sort.Float64s(vals)
+	return vals[len(vals)/2]
 }
 
 // channelPingPong returns the median half round trip, in microseconds, of
