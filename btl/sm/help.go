@@ -4,7 +4,6 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/gompi-org/gompi/internal/sys"
 )
@@ -116,7 +115,7 @@ func (e *endpoint) sharedGet(local []byte, addr uintptr) error {
 	// can pass a goroutine's stack, which moves when it grows or shrinks)
 	// and stays where it is until the helper is done.
 	var pin runtime.Pinner
-	pin.Pin(unsafe.SliceData(local))
+	pinBytes(&pin, local)
 	defer pin.Unpin()
 	// The helper's process_vm_writev pins local's pages: huge pages help
 	// there as in a send buffer (huge.go).

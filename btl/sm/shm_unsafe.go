@@ -11,9 +11,10 @@ import (
 )
 
 // The only unsafe code of the package: typed atomic views of the 4- and
-// 8-byte words that processes share in a mapped segment, and cmaCost's
-// address of its own buffer. Everything else reads shared memory as
-// bytes, through bounds-checked slices.
+// 8-byte words that processes share in a mapped segment, cmaCost's
+// address of its own buffer, and the pinning of a buffer that another
+// process writes by address (pinBytes). Everything else reads shared
+// memory as bytes, through bounds-checked slices.
 
 // word64 returns the 8-byte word of b at off. off must be 8-aligned
 // relative to a page-aligned mapping, and off+8 <= len(b): it panics
@@ -55,4 +56,12 @@ func cmaCost(n int) time.Duration {
 	}
 	runtime.KeepAlive(src)
 	return best
+}
+
+// pinBytes pins the memory under b (non-empty) with pin, so that it stays
+// where it is while another process writes into it by address
+// (sharedGet). Pin's argument escapes: b is in the heap, never on a
+// goroutine's stack, which moves when it grows or shrinks.
+func pinBytes(pin *runtime.Pinner, b []byte) {
+	pin.Pin(unsafe.SliceData(b))
 }
