@@ -8,17 +8,20 @@
 //
 // The job runs in rounds. Every rank computes each round's schedule from
 // the shared seed: for every pair of ranks (a rank to itself included) a
-// list of messages with sizes from 0 B to --max-size (mostly small), tags,
-// and send modes (standard, synchronous, buffered, ready), and for every
+// list of messages with sizes from 0 B to --max-size, tags, and send
+// modes (standard, synchronous, buffered, ready), and for every
 // destination one way of receiving them (by source and tag, by source with
 // AnyTag, AnySource with AnyTag, Probe then Recv, Mprobe then
-// Message.Recv), with now and then a receive that is cancelled. Each
-// message's content is a pseudo-random stream keyed by the seed, round,
-// source, destination and sequence number; the receiver regenerates it
-// and compares every byte, and checks that each source's messages arrive
-// in send order where MPI's non-overtaking rule says they must. A round
-// that has not completed within --round-deadline counts its missing
-// messages as lost. After the last round no message may be left.
+// Message.Recv), with now and then a receive that is cancelled. Sizes
+// follow the shape of real traffic (most messages small, a fixed small
+// share large): see sizeClasses, and the help text, which prints them.
+// Each message's content is cut from a pseudo-random table keyed by the
+// seed at an offset keyed by its round, source, destination and sequence
+// number; the receiver compares every byte, checks the bytes after the
+// message in its buffer are untouched, and checks that each source's
+// messages arrive in send order where MPI's non-overtaking rule says they
+// must. A round that has not completed within --round-deadline names its
+// missing messages as lost. After the last round no message may be left.
 //
 // Rank 0 prints the totals. The exit status is 0 only when every message
 // checked out on every rank.
@@ -31,6 +34,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/gompi-org/gompi/internal/params"
@@ -47,17 +52,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	count := fs.Int64("count", 0, "stop after about this many messages in the whole job (rounds are whole)")
 	dur := fs.Duration("time", 0, "stop after this long (checked at the end of each round)")
-	seed := fs.Uint64("seed", 1, "schedule seed (the same schedule for the same seed and job size)")
-	maxSize := fs.String("max-size", "16m", "largest message (suffixes k, m)")
-	perPair := fs.Int("per-pair", 8, "at most this many messages from one rank to another per round")
+	seed := fs.Uint64("seed", 1, "schedule and content seed (the same messages for the same seed and job size)")
+	maxSize := fs.String("max-size", "16m", "largest message (suffixes k, m); sizes of a class above it are drawn from 0..max-size")
+	perPair := fs.Int("per-pair", 64, "at most this many messages from one rank to another per round (half that to itself)")
 	deadline := fs.Duration("round-deadline", 2*time.Minute, "a round not finished by then has lost messages")
-	bsendMax := fs.String("bsend-max", "64k", "largest message sent in buffered mode")
+	bsendMax := fs.String("bsend-max", "1m", "largest message sent in buffered mode")
 	inproc := fs.Int("inprocess", 0, "run this many goroutine ranks in this process instead of under gorun")
+	progress := fs.Duration("progress", 0, "rank 0 prints the messages and bytes so far this often (0: never)")
+	cpuprof := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE.rank<N> (N = GOMPI_RANK, 0 outside gorun)")
 	var ps []string
 	fs.StringArrayVar(&ps, "param", nil, "set a parameter name=value (repeatable)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: gompi-soak --count N | --time D [flags]   (under gorun, or with --inprocess N)")
 		fs.PrintDefaults()
+		fmt.Fprintln(stderr, sizeHelp())
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -71,7 +79,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	cfg := &config{seed: *seed, count: *count, duration: *dur, perPair: *perPair, deadline: *deadline}
+	cfg := &config{seed: *seed, count: *count, duration: *dur, perPair: *perPair, deadline: *deadline, progress: *progress,
+		logf: func(format string, a ...any) { fmt.Fprintf(stdout, format+"\n", a...) }}
 	var err error
 	if cfg.maxSize, err = params.ParseSize(*maxSize); err != nil || cfg.maxSize < 0 {
 		fmt.Fprintf(stderr, "gompi-soak: --max-size %q: want a size\n", *maxSize)
@@ -90,12 +99,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		opts = append(opts, mpi.WithParam(name, val))
 	}
+	if *cpuprof != "" {
+		rank := os.Getenv("GOMPI_RANK")
+		if rank == "" {
+			rank = "0"
+		}
+		f, err := os.Create(*cpuprof + ".rank" + rank)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "gompi-soak: --cpuprofile: %v\n", err)
+			return 2
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	// Buffered sends need an attached buffer: room for every rank's
 	// buffered messages of a round, with headroom.
 	if err := mpi.BufferAttach(64 << 20); err != nil {
 		fmt.Fprintf(stderr, "gompi-soak: %v\n", err)
 		return 1
 	}
+	start := time.Now()
 	if *inproc > 0 {
 		var total report
 		err := mpi.Run(*inproc, func(world *mpi.Comm) error {
@@ -106,7 +132,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 			return errors.Join(err, gerr)
 		}, opts...)
-		return finish(stdout, stderr, *inproc, total, err)
+		return finish(stdout, stderr, *inproc, total, time.Since(start), err)
 	}
 	world, err := mpi.Init(opts...)
 	if err != nil {
@@ -120,21 +146,48 @@ func run(args []string, stdout, stderr io.Writer) int {
 		for _, e := range rep.Errors {
 			fmt.Fprintf(stderr, "gompi-soak: rank %d: %s\n", world.Rank(), e)
 		}
+		pprof.StopCPUProfile()
 		world.Abort(1)
 		return 1
 	}
 	sum, err := gather(world, rep)
 	code := 0
 	if world.Rank() == 0 {
-		code = finish(stdout, stderr, world.Size(), sum, err)
+		code = finish(stdout, stderr, world.Size(), sum, time.Since(start), err)
 	} else if err != nil || rep.failures() > 0 {
 		code = 1
 	}
+	pprof.StopCPUProfile() // before Finalize, which may end the process
 	if ferr := mpi.Finalize(); ferr != nil && code == 0 {
 		fmt.Fprintf(stderr, "gompi-soak: %v\n", ferr)
 		code = 1
 	}
 	return code
+}
+
+// sizeHelp describes the size distribution for the help text.
+func sizeHelp() string {
+	var b strings.Builder
+	b.WriteString("\nMessage sizes (each message draws a class, then a size in it; log-uniform except 0-256 B):\n")
+	for c, sc := range sizeClasses {
+		if c == classLarge {
+			fmt.Fprintf(&b, "  %-14s one message in every %dth round (rounds 0, %d, ...): 1 in %d messages with 4 ranks and --per-pair 64\n",
+				sc.name, largeEvery, largeEvery, largeEvery*typicalRound())
+			continue
+		}
+		fmt.Fprintf(&b, "  %-14s %4.1f%%\n", sc.name, float64(sc.weight)/10)
+	}
+	b.WriteString("A message is about 10.6 KB on average (10M messages move about 106 GB).\n" +
+		"Send modes: synchronous 15%, buffered 10% (up to --bsend-max), ready 10% (to destinations that\n" +
+		"receive by source), else standard. Every byte of every message is compared with what was sent.")
+	return b.String()
+}
+
+// typicalRound is the mean number of messages of a round of 4 ranks with
+// the default --per-pair.
+func typicalRound() int {
+	const ranks, perPair = 4, 64
+	return ranks*(ranks-1)*perPair/2 + ranks*perPair/4
 }
 
 func splitParam(p string) (string, string, bool) {
@@ -175,9 +228,24 @@ func gather(world *mpi.Comm, rep report) (report, error) {
 }
 
 // finish prints the totals and returns the exit status.
-func finish(stdout, stderr io.Writer, ranks int, t report, err error) int {
-	fmt.Fprintf(stdout, "gompi-soak: %d ranks, %d rounds, %d messages, %d bytes, %d cancelled receives\n",
-		ranks, t.Rounds, t.Messages, t.Bytes, t.Cancels)
+func finish(stdout, stderr io.Writer, ranks int, t report, wall time.Duration, err error) int {
+	fmt.Fprintf(stdout, "gompi-soak: %d ranks, %d rounds, %d messages, %d bytes, %d cancelled receives, %v\n",
+		ranks, t.Rounds, t.Messages, t.Bytes, t.Cancels, wall.Round(time.Millisecond))
+	var b strings.Builder
+	for c, sc := range sizeClasses {
+		fmt.Fprintf(&b, "%s %d, ", sc.name, t.ByClass[c])
+	}
+	fmt.Fprintf(stdout, "gompi-soak: sizes %slargest %d B\n", b.String(), t.Largest)
+	b.Reset()
+	for m, name := range modeNames {
+		fmt.Fprintf(&b, " %s %d,", name, t.ByMode[m])
+	}
+	fmt.Fprintf(stdout, "gompi-soak: send modes%s", strings.TrimSuffix(b.String(), ","))
+	b.Reset()
+	for st, name := range styleNames {
+		fmt.Fprintf(&b, " %s %d,", name, t.ByStyle[st])
+	}
+	fmt.Fprintf(stdout, "; receives%s\n", strings.TrimSuffix(b.String(), ","))
 	fmt.Fprintf(stdout, "gompi-soak: lost %d, duplicated %d, corrupted %d, reordered %d, unexpected %d, other %d\n",
 		t.Lost, t.Duplicates, t.Corrupted, t.Reordered, t.Unknown, t.Other)
 	for _, e := range t.Errors {

@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
+	"math"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"time"
 
@@ -38,15 +37,60 @@ var modeNames = [numModes]string{"standard", "synchronous", "buffered", "ready"}
 // wildcard-source receives with specific ones in a round, so every message
 // has exactly one receive that must take it).
 const (
-	styleSpecific  = iota // Irecv(src, tag) per message, all posted, then Waitall
+	styleSpecific  = iota // Irecv(src, tag) per message, all posted, then waited for
 	styleAnyTag           // Irecv(src, AnyTag) per message
-	styleAnySource        // Recv(AnySource, AnyTag)
+	styleAnySource        // Irecv(AnySource, AnyTag) then Wait, one at a time
 	styleProbe            // Probe(AnySource, AnyTag), then Recv(source, tag)
 	styleMprobe           // Mprobe(AnySource, AnyTag), then Message.Recv
 	numStyles
 )
 
 var styleNames = [numStyles]string{"specific", "anytag", "anysource", "probe", "mprobe"}
+
+// Size classes. Their bounds follow the protocol switches of the
+// transports (eager_immediate up to 256 B; eager up to 12 KiB on verbs,
+// 16 KiB on sm, 64 KiB on tcp; rendezvous beyond), so that every run
+// covers every protocol. Each message draws its class with the weights
+// below (per mille); the large class is not drawn: every largeEvery-th
+// round carries exactly one large message instead, so a run of any length
+// has them at a fixed rate and its first round has one.
+const (
+	classTiny = iota
+	classSmall
+	classMedium
+	classBig
+	classLarge
+	numClasses
+)
+
+type sizeClass struct {
+	name   string
+	lo, hi int
+	weight int  // per mille of the drawn messages
+	log    bool // log-uniform between lo and hi (else uniform)
+}
+
+var sizeClasses = [numClasses]sizeClass{
+	{"0-256 B", 0, 256, 620, false},
+	{"257 B-16 KiB", 257, 16 << 10, 300, true},
+	{"16-64 KiB", 16<<10 + 1, 64 << 10, 70, true},
+	{"64 KiB-1 MiB", 64<<10 + 1, 1 << 20, 10, true},
+	{"1-16 MiB", 1<<20 + 1, 16 << 20, 0, true},
+}
+
+// largeEvery: rounds 0, largeEvery, 2*largeEvery, ... carry one message of
+// classLarge.
+const largeEvery = 4
+
+// classOf returns the size class of a message of size bytes.
+func classOf(size int) int {
+	for c := range numClasses - 1 {
+		if size <= sizeClasses[c].hi {
+			return c
+		}
+	}
+	return classLarge
+}
 
 // msg is one scheduled message: seq numbers the messages of one
 // (round, src, dst) in send order.
@@ -63,6 +107,8 @@ type config struct {
 	perPair  int           // at most this many messages per pair and round
 	deadline time.Duration // a round that has not finished by then is a failure (lost messages)
 	bsendMax int           // largest buffered-mode message
+	progress time.Duration // rank 0 prints a progress line this often (0: never)
+	logf     func(format string, a ...any)
 }
 
 // report is what one rank saw; rank 0 sums them.
@@ -71,7 +117,11 @@ type report struct {
 	Lost, Duplicates, Corrupted, Reordered, Unknown int64
 	Other                                           int64 // other misbehaviour, e.g. a cancel that did not report Cancelled
 	Cancels, Rounds                                 int64
-	Errors                                          []string // the first few failures, described
+	Largest                                         int64             // largest message checked
+	ByClass                                         [numClasses]int64 // messages checked per size class
+	ByMode                                          [numModes]int64   // per send mode
+	ByStyle                                         [numStyles]int64  // per receive style of the destination
+	Errors                                          []string          // the first few failures, described
 }
 
 func (r *report) failures() int64 {
@@ -88,7 +138,19 @@ func (r *report) add(o report) {
 	r.Unknown += o.Unknown
 	r.Other += o.Other
 	r.Cancels += o.Cancels
-	r.Errors = append(r.Errors, o.Errors...)
+	r.Largest = max(r.Largest, o.Largest)
+	for i := range r.ByClass {
+		r.ByClass[i] += o.ByClass[i]
+	}
+	for i := range r.ByMode {
+		r.ByMode[i] += o.ByMode[i]
+	}
+	for i := range r.ByStyle {
+		r.ByStyle[i] += o.ByStyle[i]
+	}
+	for _, e := range o.Errors {
+		r.errorf("%s", e)
+	}
 }
 
 func (r *report) errorf(format string, a ...any) {
@@ -103,6 +165,19 @@ type round struct {
 	msgs   [][][]msg // [src][dst] in send order
 	styles []int     // receive style per destination
 	cancel []bool    // the destination posts and cancels a receive
+}
+
+// count returns the number of messages and bytes of the round.
+func (rd *round) count() (msgs, bytes int64) {
+	for _, row := range rd.msgs {
+		for _, l := range row {
+			msgs += int64(len(l))
+			for _, m := range l {
+				bytes += int64(m.size)
+			}
+		}
+	}
+	return msgs, bytes
 }
 
 // schedule computes round n from the seed alone, so every rank knows what
@@ -122,143 +197,150 @@ func schedule(cfg *config, size, n int) *round {
 				k /= 2
 			}
 			for i := range k {
-				m := msg{src: s, dst: d, seq: i, tag: rng.IntN(dataTags), size: pickSize(rng, cfg.maxSize)}
-				switch p := rng.IntN(20); {
-				case p < 3:
-					m.mode = modeSync
-				case p < 5 && m.size <= cfg.bsendMax:
-					m.mode = modeBuffered
-				case p < 7 && rd.styles[d] != styleAnySource && rd.styles[d] != styleProbe && rd.styles[d] != styleMprobe:
-					// Ready mode needs its receive posted before the send
-					// starts: only destinations receiving by source.
-					m.mode, m.tag = modeReady, tagReady
-				}
-				rd.msgs[s][d] = append(rd.msgs[s][d], m)
+				rd.msgs[s][d] = append(rd.msgs[s][d], newMsg(rng, cfg, rd, s, d, i, pickClass(rng)))
 			}
 		}
+	}
+	if n%largeEvery == 0 {
+		s, d := rng.IntN(size), rng.IntN(size)
+		l := rd.msgs[s][d]
+		at := rng.IntN(len(l) + 1)
+		l = append(l[:at], append([]msg{newMsg(rng, cfg, rd, s, d, at, classLarge)}, l[at:]...)...)
+		for i := range l {
+			l[i].seq = i
+		}
+		rd.msgs[s][d] = l
 	}
 	return rd
 }
 
-// pickSize draws a size: mostly small, sometimes up to maxSize.
-func pickSize(rng *rand.Rand, maxSize int) int {
-	var lo, hi int
-	switch p := rng.IntN(100); {
-	case p < 40:
-		lo, hi = 0, 64
-	case p < 70:
-		lo, hi = 65, 4<<10
-	case p < 90:
-		lo, hi = 4<<10+1, 256<<10
-	case p < 99:
-		lo, hi = 256<<10+1, 4<<20
-	default:
-		lo, hi = 4<<20+1, 16<<20
+// newMsg draws the tag, size and send mode of message seq from s to d.
+func newMsg(rng *rand.Rand, cfg *config, rd *round, s, d, seq, class int) msg {
+	m := msg{src: s, dst: d, seq: seq, tag: rng.IntN(dataTags), size: pickSize(rng, class, cfg.maxSize)}
+	switch p := rng.IntN(20); {
+	case p < 3:
+		m.mode = modeSync
+	case p < 5 && m.size <= cfg.bsendMax:
+		m.mode = modeBuffered
+	case p < 7 && rd.styles[d] != styleAnySource && rd.styles[d] != styleProbe && rd.styles[d] != styleMprobe:
+		// Ready mode needs its receive posted before the send starts:
+		// only destinations receiving by source.
+		m.mode, m.tag = modeReady, tagReady
 	}
-	hi = min(hi, maxSize)
-	if lo > hi {
-		lo = 0
-	}
-	return lo + rng.IntN(hi-lo+1)
+	return m
 }
 
-// fill writes message m's content: a pseudo-random stream keyed by the
-// seed, round and the message's identity, so the receiver can regenerate
-// it and compare every byte.
-func fill(b []byte, seed uint64, rd int, m msg) {
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%d/%d/%d/%d/%d", seed, rd, m.src, m.dst, m.seq)
-	x := h.Sum64() | 1
-	i := 0
-	for ; i+8 <= len(b); i += 8 {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		b[i], b[i+1], b[i+2], b[i+3] = byte(x), byte(x>>8), byte(x>>16), byte(x>>24)
-		b[i+4], b[i+5], b[i+6], b[i+7] = byte(x>>32), byte(x>>40), byte(x>>48), byte(x>>56)
-	}
-	x ^= x << 13
-	x ^= x >> 7
-	x ^= x << 17
-	for j := 0; i < len(b); i, j = i+1, j+8 {
-		b[i] = byte(x >> j)
-	}
-}
-
-// checker verifies arrivals at one destination against the schedule.
-type checker struct {
-	cfg     *config
-	rd      *round
-	me      int
-	rep     *report
-	next    []int         // per source: seq of the next message expected (wildcard-source and per-source styles)
-	nextTag []map[int]int // per source and tag: index into byTag of the next one (specific style)
-	byTag   []map[int][]msg
-	seen    []map[int]bool // per source: seqs received
-	scratch []byte
-}
-
-func newChecker(cfg *config, rd *round, me int, rep *report) *checker {
-	n := len(rd.msgs)
-	c := &checker{cfg: cfg, rd: rd, me: me, rep: rep, next: make([]int, n), nextTag: make([]map[int]int, n),
-		byTag: make([]map[int][]msg, n), seen: make([]map[int]bool, n)}
-	for s := range n {
-		c.nextTag[s], c.byTag[s], c.seen[s] = map[int]int{}, map[int][]msg{}, map[int]bool{}
-		for _, m := range rd.msgs[s][me] {
-			c.byTag[s][m.tag] = append(c.byTag[s][m.tag], m)
+// pickClass draws a size class other than classLarge by the weights.
+func pickClass(rng *rand.Rand) int {
+	p := rng.IntN(1000)
+	for c := range numClasses {
+		if p < sizeClasses[c].weight {
+			return c
 		}
+		p -= sizeClasses[c].weight
+	}
+	panic("gompi-soak: size class weights do not add up to 1000")
+}
+
+// pickSize draws a size of class c, at most maxSize (a class wholly above
+// maxSize gives a size uniform in 0..maxSize).
+func pickSize(rng *rand.Rand, c, maxSize int) int {
+	sc := sizeClasses[c]
+	lo, hi := sc.lo, min(sc.hi, maxSize)
+	if lo > hi {
+		return rng.IntN(maxSize + 1)
+	}
+	if !sc.log || lo == 0 {
+		return lo + rng.IntN(hi-lo+1)
+	}
+	a, b := math.Log(float64(lo)), math.Log(float64(hi)+1)
+	return min(max(int(math.Exp(a+rng.Float64()*(b-a))), lo), hi)
+}
+
+// checker verifies arrivals at one destination against the schedule. Its
+// fields are guarded by mu: the round's watchdog reads them when the round
+// overruns its deadline.
+type checker struct {
+	pat  *pattern
+	rd   *round
+	me   int
+	mu   sync.Mutex
+	rep  report
+	next []int    // per source: index of the next message expected in send order
+	seen [][]bool // per source and seq: received
+}
+
+func newChecker(pat *pattern, rd *round, me int) *checker {
+	n := len(rd.msgs)
+	c := &checker{pat: pat, rd: rd, me: me, next: make([]int, n), seen: make([][]bool, n)}
+	for s := range n {
+		c.seen[s] = make([]bool, len(rd.msgs[s][me]))
 	}
 	return c
-}
-
-// matches reports whether data is message m.
-func (c *checker) matches(data []byte, m msg) bool {
-	if len(data) != m.size {
-		return false
-	}
-	if cap(c.scratch) < m.size {
-		c.scratch = make([]byte, m.size)
-	}
-	want := c.scratch[:m.size]
-	fill(want, c.cfg.seed, c.rd.n, m)
-	return slices.Equal(data, want)
 }
 
 // arrived checks a message from src with tag whose expected identity is
 // want (ok false: none was expected any more).
 func (c *checker) arrived(src, tag int, data []byte, want msg, ok bool) {
-	c.rep.Messages++
-	c.rep.Bytes += int64(len(data))
-	if ok && c.matches(data, want) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rep := &c.rep
+	rep.Messages++
+	rep.Bytes += int64(len(data))
+	if ok && c.pat.check(data, c.rd.n, want) < 0 {
 		c.seen[src][want.seq] = true
+		rep.ByClass[classOf(want.size)]++
+		rep.ByMode[want.mode]++
+		rep.ByStyle[c.rd.styles[c.me]]++
+		rep.Largest = max(rep.Largest, int64(want.size))
 		return
 	}
 	// Which message is it, if any?
 	for _, m := range c.rd.msgs[src][c.me] {
-		if m.tag == tag && c.matches(data, m) {
+		if m.tag == tag && c.pat.check(data, c.rd.n, m) < 0 {
 			switch {
 			case c.seen[src][m.seq]:
-				c.rep.Duplicates++
-				c.rep.errorf("round %d: message %d from rank %d (tag %d, %d B) arrived twice", c.rd.n, m.seq, src, tag, m.size)
+				rep.Duplicates++
+				rep.errorf("round %d: message %d from rank %d to rank %d (tag %d, %d B, %s) arrived twice",
+					c.rd.n, m.seq, src, c.me, tag, m.size, modeNames[m.mode])
 			default:
-				c.rep.Reordered++
-				c.rep.errorf("round %d: message %d from rank %d (tag %d) arrived where message %d was due", c.rd.n, m.seq, src, tag, want.seq)
+				rep.Reordered++
+				rep.errorf("round %d: message %d from rank %d to rank %d (tag %d, %s receive) arrived where message %d was due",
+					c.rd.n, m.seq, src, c.me, tag, styleNames[c.rd.styles[c.me]], want.seq)
 				c.seen[src][m.seq] = true
 			}
 			return
 		}
 	}
 	if !ok {
-		c.rep.Unknown++
-		c.rep.errorf("round %d: unexpected message from rank %d (tag %d, %d B)", c.rd.n, src, tag, len(data))
+		rep.Unknown++
+		rep.errorf("round %d: unexpected message from rank %d to rank %d (tag %d, %d B)", c.rd.n, src, c.me, tag, len(data))
 		return
 	}
+	rep.Corrupted++
+	if len(data) != want.size {
+		rep.errorf("round %d: message %d from rank %d to rank %d (tag %d, %s, %s receive): %d B arrived, %d expected",
+			c.rd.n, want.seq, src, c.me, tag, modeNames[want.mode], styleNames[c.rd.styles[c.me]], len(data), want.size)
+		return
+	}
+	at := c.pat.check(data, c.rd.n, want)
+	rep.errorf("round %d: message %d from rank %d to rank %d (tag %d, %d B, %s, %s receive): content differs from byte %d on",
+		c.rd.n, want.seq, src, c.me, tag, want.size, modeNames[want.mode], styleNames[c.rd.styles[c.me]], at)
+}
+
+// overrun counts a receive that wrote past the end of its message.
+func (c *checker) overrun(src int, m msg, at int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.rep.Corrupted++
-	c.rep.errorf("round %d: message %d from rank %d (tag %d): %d B arrived, %d expected, content differs", c.rd.n, want.seq, src, tag, len(data), want.size)
+	c.rep.errorf("round %d: message %d from rank %d to rank %d (%d B): the receive buffer was written at byte %d, past the message's end",
+		c.rd.n, m.seq, src, c.me, m.size, at)
 }
 
 // nextFrom returns the next message expected from src in send order.
 func (c *checker) nextFrom(src int) (msg, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	l := c.rd.msgs[src][c.me]
 	if c.next[src] >= len(l) {
 		return msg{}, false
@@ -266,6 +348,24 @@ func (c *checker) nextFrom(src int) (msg, bool) {
 	m := l[c.next[src]]
 	c.next[src]++
 	return m, true
+}
+
+// missing describes the messages addressed to this rank that have not
+// arrived, into rep (at most a few named), and returns their number.
+func (c *checker) missing(rep *report) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var n int64
+	for s, l := range c.rd.msgs {
+		for _, m := range l[c.me] {
+			if !c.seen[s][m.seq] {
+				n++
+				rep.errorf("round %d: message %d from rank %d to rank %d (tag %d, %d B, %s, %s receive) did not arrive",
+					c.rd.n, m.seq, s, c.me, m.tag, m.size, modeNames[m.mode], styleNames[c.rd.styles[c.me]])
+			}
+		}
+	}
+	return n
 }
 
 // soak runs the rounds on this rank and returns what it saw.
@@ -277,18 +377,22 @@ func soak(ctx context.Context, world *mpi.Comm, cfg *config) (report, error) {
 	}
 	defer data.Free()
 	me, size := world.Rank(), world.Size()
+	st := &rankState{pat: newPattern(cfg.seed), anyBuf: make([]byte, cfg.maxSize)}
 	start := time.Now()
-	var total int64
+	lastProgress := start
+	var total, totalBytes int64
 	for n := 0; ; n++ {
 		rd := schedule(cfg, size, n)
-		if err := runRound(ctx, data, cfg, rd, &rep); err != nil {
+		if err := runRound(ctx, data, cfg, st, rd, &rep); err != nil {
 			return rep, fmt.Errorf("round %d: %w", n, err)
 		}
 		rep.Rounds++
-		for s := range size {
-			for d := range size {
-				total += int64(len(rd.msgs[s][d]))
-			}
+		m, b := rd.count()
+		total += m
+		totalBytes += b
+		if me == 0 && cfg.progress > 0 && time.Since(lastProgress) >= cfg.progress {
+			lastProgress = time.Now()
+			cfg.logf("gompi-soak: %v: %d rounds, %d messages, %d bytes", lastProgress.Sub(start).Round(time.Second), n+1, total, totalBytes)
 		}
 		// Whether to go on: by count every rank knows; by time rank 0
 		// decides and tells the others.
@@ -328,26 +432,57 @@ func soak(ctx context.Context, world *mpi.Comm, cfg *config) (report, error) {
 	return rep, nil
 }
 
-// runRound sends and receives one round's messages on this rank.
-func runRound(ctx context.Context, c *mpi.Comm, cfg *config, rd *round, rep *report) error {
+// rankState is what one rank keeps from round to round: the content
+// pattern and the memory of message buffers, reused so that a round costs
+// no page faults or zeroing.
+type rankState struct {
+	pat          *pattern
+	sendA, recvA arena
+	anyBuf       []byte // the receive buffer of wildcard-source receives, --max-size bytes
+}
+
+// runRound sends and receives one round's messages on this rank. The
+// round's work runs in a goroutine with blocking calls; the caller only
+// watches the deadline, and when it passes, names the messages that have
+// not arrived and returns (the job then ends: the goroutine stays blocked).
+func runRound(ctx context.Context, c *mpi.Comm, cfg *config, st *rankState, rd *round, rep *report) error {
+	chk := newChecker(st.pat, rd, c.Rank())
+	done := make(chan error, 1)
+	go func() { done <- roundWork(c, cfg, st, rd, chk) }()
+	timer := time.NewTimer(cfg.deadline)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		chk.mu.Lock()
+		rep.add(chk.rep)
+		chk.mu.Unlock()
+		return err
+	case <-timer.C:
+		n := chk.missing(rep)
+		rep.Lost += max(n, 1)
+		return fmt.Errorf("%s receives: %d messages did not arrive within %v (lost)", styleNames[rd.styles[c.Rank()]], n, cfg.deadline)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// roundWork is one round of this rank: post the ready-mode receives, wait
+// for every rank at the barrier, send in a second goroutine while
+// receiving, and wait for every send. The next round's barrier separates
+// the rounds: no rank starts sending round n+1 before every rank has
+// received all of round n.
+func roundWork(c *mpi.Comm, cfg *config, st *rankState, rd *round, chk *checker) error {
 	me, size := c.Rank(), c.Size()
-	ctx, cancel := context.WithTimeout(ctx, cfg.deadline)
-	defer cancel()
-	chk := newChecker(cfg, rd, me, rep)
-	style := rd.styles[me]
+	st.sendA.reset()
+	st.recvA.reset()
 
 	// Receives for ready-mode messages are posted before the barrier that
 	// lets the senders start (the ready-mode promise).
-	type pending struct {
-		req  *mpi.Request
-		buf  []byte
-		want msg
-	}
 	var readies []pending
 	for s := range size {
 		for _, m := range rd.msgs[s][me] {
 			if m.mode == modeReady {
-				b := make([]byte, m.size)
+				b := st.recvA.alloc(m.size)
 				r, err := c.Irecv(b, s, tagReady)
 				if err != nil {
 					return err
@@ -370,8 +505,8 @@ func runRound(ctx context.Context, c *mpi.Comm, cfg *config, rd *round, rep *rep
 		order := rand.New(rand.NewPCG(cfg.seed^uint64(me), uint64(rd.n))).Perm(size)
 		for _, d := range order {
 			for _, m := range rd.msgs[me][d] {
-				b := make([]byte, m.size)
-				fill(b, cfg.seed, rd.n, m)
+				b := st.sendA.alloc(m.size)
+				st.pat.fill(b, rd.n, m)
 				var r *mpi.Request
 				var err error
 				switch m.mode {
@@ -393,58 +528,81 @@ func runRound(ctx context.Context, c *mpi.Comm, cfg *config, rd *round, rep *rep
 		}
 	}()
 
+	var recvErr error
 	if rd.cancel[me] {
 		// A receive nobody sends to, cancelled: it must report Cancelled.
-		r, err := c.Irecv(make([]byte, 8), (me+1)%size, tagCancel)
-		if err != nil {
-			return err
-		}
-		if err := r.Cancel(); err != nil {
-			return err
-		}
-		st, err := r.WaitContext(ctx)
-		if err != nil {
-			return fmt.Errorf("cancelled receive: %w", err)
-		}
-		if !st.Cancelled {
-			rep.Other++
-			rep.errorf("round %d: a cancelled receive with no matching send did not report Cancelled", rd.n)
-		}
-		rep.Cancels++
+		recvErr = cancelled(c, rd, chk)
 	}
-
-	recvErr := receive(ctx, c, cfg, rd, chk, style)
+	if recvErr == nil {
+		recvErr = receive(c, cfg, st, rd, chk)
+	}
 	for _, p := range readies {
-		st, err := p.req.WaitContext(ctx)
-		if err != nil {
-			recvErr = errors.Join(recvErr, fmt.Errorf("ready-mode receive from rank %d: %w", p.want.src, err))
-			continue
+		if recvErr != nil {
+			break
 		}
-		chk.arrived(st.Source, st.Tag, p.buf[:st.Count], p.want, true)
+		s, err := p.req.Wait()
+		if err != nil {
+			recvErr = fmt.Errorf("ready-mode receive from rank %d: %w", p.want.src, err)
+			break
+		}
+		chk.arrived(s.Source, s.Tag, p.buf[:s.Count], p.want, true)
 	}
 	wg.Wait()
 	if sendErr != nil {
 		return errors.Join(recvErr, sendErr)
 	}
-	for _, r := range sends {
-		if _, err := r.WaitContext(ctx); err != nil && recvErr == nil {
-			recvErr = fmt.Errorf("send: %w", err)
-		}
-	}
 	if recvErr != nil {
-		if errors.Is(recvErr, context.DeadlineExceeded) {
-			rep.Lost++
-			return fmt.Errorf("%s receives: not every message arrived within %v (lost): %w", styleNames[style], cfg.deadline, recvErr)
-		}
 		return recvErr
 	}
-	return c.Barrier()
+	for _, r := range sends {
+		if _, err := r.Wait(); err != nil {
+			return fmt.Errorf("send: %w", err)
+		}
+	}
+	return nil
 }
+
+// cancelled posts a receive no message matches, cancels it and checks
+// that it reports Cancelled.
+func cancelled(c *mpi.Comm, rd *round, chk *checker) error {
+	me := c.Rank()
+	r, err := c.Irecv(make([]byte, 8), (me+1)%c.Size(), tagCancel)
+	if err != nil {
+		return err
+	}
+	if err := r.Cancel(); err != nil {
+		return err
+	}
+	st, err := r.Wait()
+	if err != nil {
+		return fmt.Errorf("cancelled receive: %w", err)
+	}
+	chk.mu.Lock()
+	defer chk.mu.Unlock()
+	if !st.Cancelled {
+		chk.rep.Other++
+		chk.rep.errorf("round %d: rank %d: a cancelled receive with no matching send did not report Cancelled", rd.n, me)
+	}
+	chk.rep.Cancels++
+	return nil
+}
+
+// pending is a posted receive and the message it must take.
+type pending struct {
+	req  *mpi.Request
+	buf  []byte
+	want msg
+}
+
+// guard is the byte written after the end of a receive buffer's message
+// room: a receive that writes past its message changes it.
+const guard = 0xa5
 
 // receive takes the round's non-ready messages addressed to this rank in
 // the round's style.
-func receive(ctx context.Context, c *mpi.Comm, cfg *config, rd *round, chk *checker, style int) error {
+func receive(c *mpi.Comm, cfg *config, st *rankState, rd *round, chk *checker) error {
 	me, size := c.Rank(), c.Size()
+	style := rd.styles[me]
 	var expected int
 	for s := range size {
 		for _, m := range rd.msgs[s][me] {
@@ -453,8 +611,7 @@ func receive(ctx context.Context, c *mpi.Comm, cfg *config, rd *round, chk *chec
 			}
 		}
 	}
-	// skipReady advances past ready-mode messages, which their own
-	// receives take.
+	// nextFrom skips ready-mode messages, which their own receives take.
 	nextFrom := func(src int) (msg, bool) {
 		for {
 			m, ok := chk.nextFrom(src)
@@ -465,11 +622,6 @@ func receive(ctx context.Context, c *mpi.Comm, cfg *config, rd *round, chk *chec
 	}
 	switch style {
 	case styleSpecific, styleAnyTag:
-		type pending struct {
-			req  *mpi.Request
-			buf  []byte
-			want msg
-		}
 		var ps []pending
 		for s := range size {
 			for _, m := range rd.msgs[s][me] {
@@ -480,7 +632,12 @@ func receive(ctx context.Context, c *mpi.Comm, cfg *config, rd *round, chk *chec
 				if style == styleAnyTag {
 					tag = mpi.AnyTag
 				}
-				b := make([]byte, m.size+rand.IntN(16))
+				// Up to 15 bytes of room more than the message needs,
+				// filled with guard bytes that must stay.
+				b := st.recvA.alloc(m.size + (m.seq*7+rd.n)%16)
+				for i := m.size; i < len(b); i++ {
+					b[i] = guard
+				}
 				r, err := c.Irecv(b, s, tag)
 				if err != nil {
 					return err
@@ -489,80 +646,51 @@ func receive(ctx context.Context, c *mpi.Comm, cfg *config, rd *round, chk *chec
 			}
 		}
 		for _, p := range ps {
-			st, err := p.req.WaitContext(ctx)
+			s, err := p.req.Wait()
 			if err != nil {
 				return fmt.Errorf("receive from rank %d: %w", p.want.src, err)
 			}
 			want := p.want
 			if style == styleAnyTag {
 				// Any tag: the source's messages arrive in send order.
-				want, _ = nextFrom(st.Source)
+				want, _ = nextFrom(s.Source)
 			}
-			chk.arrived(st.Source, st.Tag, p.buf[:st.Count], want, true)
+			chk.arrived(s.Source, s.Tag, p.buf[:s.Count], want, true)
+			for i := max(s.Count, p.want.size); i < len(p.buf); i++ {
+				if p.buf[i] != guard {
+					chk.overrun(s.Source, p.want, i)
+					break
+				}
+			}
 		}
 	default:
-		buf := make([]byte, cfg.maxSize)
 		for range expected {
-			var st mpi.Status
+			var s mpi.Status
 			var data []byte
 			var err error
 			switch style {
 			case styleAnySource:
-				var r *mpi.Request
-				if r, err = c.Irecv(buf, mpi.AnySource, mpi.AnyTag); err == nil {
-					st, err = r.WaitContext(ctx)
+				if s, err = c.Recv(st.anyBuf, mpi.AnySource, mpi.AnyTag); err == nil {
+					data = st.anyBuf[:s.Count]
 				}
-				data = buf[:st.Count]
 			case styleProbe:
-				if st, err = probe(ctx, c); err == nil {
-					data = make([]byte, st.Count)
-					st, err = c.Recv(data, st.Source, st.Tag)
+				if s, err = c.Probe(mpi.AnySource, mpi.AnyTag); err == nil {
+					data = st.recvA.alloc(s.Count)
+					s, err = c.Recv(data, s.Source, s.Tag)
 				}
 			case styleMprobe:
 				var m *mpi.Message
-				if m, st, err = mprobe(ctx, c); err == nil {
-					data = make([]byte, st.Count)
-					st, err = m.Recv(data)
+				if m, s, err = c.Mprobe(mpi.AnySource, mpi.AnyTag); err == nil {
+					data = st.recvA.alloc(s.Count)
+					s, err = m.Recv(data)
 				}
 			}
 			if err != nil {
 				return fmt.Errorf("%s receive: %w", styleNames[style], err)
 			}
-			want, ok := nextFrom(st.Source)
-			chk.arrived(st.Source, st.Tag, data, want, ok)
+			want, ok := nextFrom(s.Source)
+			chk.arrived(s.Source, s.Tag, data[:s.Count], want, ok)
 		}
 	}
 	return nil
-}
-
-// probe is Probe(AnySource, AnyTag) that gives up when ctx ends.
-func probe(ctx context.Context, c *mpi.Comm) (st mpi.Status, err error) {
-	err = poll(ctx, func() (found bool, err error) {
-		st, found, err = c.Iprobe(mpi.AnySource, mpi.AnyTag)
-		return found, err
-	})
-	return st, err
-}
-
-// mprobe is Mprobe(AnySource, AnyTag) that gives up when ctx ends.
-func mprobe(ctx context.Context, c *mpi.Comm) (m *mpi.Message, st mpi.Status, err error) {
-	err = poll(ctx, func() (found bool, err error) {
-		m, st, found, err = c.Improbe(mpi.AnySource, mpi.AnyTag)
-		return found, err
-	})
-	return m, st, err
-}
-
-// poll calls try until it finds something or fails, or ctx ends.
-func poll(ctx context.Context, try func() (bool, error)) error {
-	for {
-		found, err := try()
-		if err != nil || found {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		time.Sleep(20 * time.Microsecond)
-	}
 }
