@@ -2,7 +2,8 @@ package launcher
 
 import (
 	"syscall"
-	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // rankProcAttr puts a rank in a process group of its own (so that gorun can
@@ -17,18 +18,15 @@ func rankProcAttr() *syscall.SysProcAttr {
 // the caller reaps it, so signalling the group in between cannot hit an
 // unrelated process that reused the number.
 func waitExited(pid int) error {
-	const pPID = 1     // idtype P_PID
-	var info [128]byte // siginfo_t
+	var info unix.Siginfo
 	for {
-		_, _, errno := syscall.Syscall6(syscall.SYS_WAITID, pPID, uintptr(pid),
-			uintptr(unsafe.Pointer(&info[0])), syscall.WEXITED|syscall.WNOWAIT, 0, 0)
-		switch errno {
-		case 0:
+		switch err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err {
+		case nil:
 			return nil
-		case syscall.EINTR:
+		case unix.EINTR:
 			continue
 		default:
-			return errno
+			return err
 		}
 	}
 }
