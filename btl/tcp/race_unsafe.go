@@ -1,4 +1,4 @@
-//go:build race
+//go:build linux && race
 
 package tcp
 
@@ -7,7 +7,7 @@ import (
 	"unsafe"
 )
 
-// The raw reads and writes of sock_linux.go are invisible to the race
+// The raw reads and writes of sock_unsafe.go are invisible to the race
 // detector. These tell it what unix.Read and unix.Writev tell it: the
 // bytes a read stored, the bytes a write loaded, and an ordering from
 // every write to every later read (a peer in the same process reads what
