@@ -20,6 +20,10 @@ var reIdle = regexp.MustCompile(`rank 0: blocked Recv: wall ([0-9.]+)s, cpu ([0-
 // wall time, which means a livelock or a busy wait, not a slow path.
 // Measured on the 2-core reference machine: about 1-1.5% over sm, 0.3-0.6%
 // over tcp.
+//
+// A real clock by design: the test measures the CPU time of rank processes
+// gorun starts against the wall time they wait, which neither synctest nor
+// an injected clock can stand in for.
 func TestBlockedRecvDoesNotSpin(t *testing.T) {
 	for _, tr := range transports {
 		for _, np := range []string{"2", "3"} { // 3: oversubscribed on 2 cores

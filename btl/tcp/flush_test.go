@@ -15,6 +15,8 @@ import (
 	"github.com/gompi-org/gompi/internal/mpierr"
 )
 
+// Wall clock kept: synctest cannot apply while goroutines block in poll(2) on real sockets.
+
 // backlog sends frames of 120 KiB from rank 0 to rank 1 while rank 1's
 // handler holds its first delivery until release is closed, so that rank
 // 0's socket fills and its frames queue. A goroutine of rank 0 calls
