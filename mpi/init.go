@@ -3,7 +3,6 @@ package mpi
 import (
 	"context"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -136,29 +135,13 @@ func Init(opts ...Option) (*Comm, error) {
 		closeClient(client)
 		return nil, err
 	}
-	in.modules = []btl.Module{m}
-	list := ps.String("btl")
-	for _, comp := range btl.Components() {
-		if !btl.Selected(list, comp.Name()) {
-			continue
-		}
-		mods, err := comp.Open(env)
-		if err != nil {
-			if errors.Is(err, mpierr.ErrArg) {
-				// A bad parameter value is the user's mistake: say so
-				// instead of running without the transport.
-				in.close(err)
-				closeClient(client)
-				return nil, fmt.Errorf("transport %s: %w", comp.Name(), err)
-			}
-			logf("transport %s not used: %v", comp.Name(), err)
-			in.unused = append(in.unused, fmt.Sprintf("%s: %v", comp.Name(), err))
-			continue
-		}
-		for _, m := range mods {
-			logf("transport %s: caps %v, exclusivity %d", m.Name(), m.Caps(), m.Exclusivity())
-		}
-		in.modules = append(in.modules, mods...)
+	mods, unused, err := btl.Open(env, ps.String("btl"))
+	in.modules = append([]btl.Module{m}, mods...)
+	in.unused = unused
+	if err != nil {
+		in.close(err)
+		closeClient(client)
+		return nil, err
 	}
 	if pj != nil {
 		// PMI makes puts visible only at a fence: every transport has

@@ -231,20 +231,12 @@ func (in *instance) env() *btl.Env {
 		Stats: in.stats()}
 }
 
-// connect chooses a transport for every peer and creates the world communicator.
+// connect sets every peer's endpoint, the one btl.Reach chooses, and
+// creates the world communicator.
 func (in *instance) connect() error {
 	for p := 0; p < in.size; p++ {
-		var eps []btl.Endpoint
-		var reasons []string
-		for _, m := range in.modules {
-			ep, err := m.AddProc(p)
-			if err != nil {
-				reasons = append(reasons, err.Error())
-				continue
-			}
-			eps = append(eps, ep)
-		}
-		if err := in.engine.SetPeer(p, eps); err != nil {
+		ep, reasons := btl.Reach(in.modules, p)
+		if ep == nil {
 			names := []string{}
 			for _, m := range in.modules {
 				names = append(names, m.Name())
@@ -257,6 +249,9 @@ func (in *instance) connect() error {
 				why += "; not usable here: " + strings.Join(in.unused, "; ")
 			}
 			return mpierr.Errorf(mpierr.ErrProcFailed, "rank %d: no transport reaches rank %d (transports in use: %v; btl=%q%s)", in.rank, p, names, in.params.String("btl"), why)
+		}
+		if err := in.engine.SetPeer(p, []btl.Endpoint{ep}); err != nil {
+			return err
 		}
 	}
 	for _, m := range in.modules {
