@@ -57,8 +57,9 @@ type pendingSend struct {
 func (e *endpoint) Module() btl.Module { return e.m }
 func (e *endpoint) Peer() int          { return e.p.rank }
 
-// usable returns the error that stops every operation on e, if any.
-// Called with e.mu held.
+// usable returns the error that stops every operation on e, if any; the
+// first call maps the peer's segment (its state check fails until then:
+// notAlive). Called with e.mu held.
 func (e *endpoint) usable() error {
 	if e.err != nil {
 		return e.err
@@ -70,9 +71,22 @@ func (e *endpoint) usable() error {
 		return err
 	}
 	if e.p.closed.Load() || e.p.state.Load()>>32 != stateAlive {
-		return e.peerGone()
+		return e.notAlive()
 	}
 	return nil
+}
+
+// notAlive is usable's slow way: the peer's segment is not mapped yet (map
+// it and check again), or the peer closed or died.
+func (e *endpoint) notAlive() error {
+	if !e.p.mapped.Load() && !e.p.closed.Load() {
+		e.m.attach(e.p)
+		if e.p.mapped.Load() || e.p.failure() != nil || e.m.closed.Load() {
+			return e.usable()
+		}
+		panic("sm: attach left a peer unmapped, not failed, with the module open")
+	}
+	return e.peerGone()
 }
 
 // peerGone classifies a peer whose segment is no longer alive.

@@ -148,6 +148,14 @@ func (e *endpoint) remote(h []byte, off, n int, c btl.Caps) (uintptr, error) {
 	if e.m.closed.Load() {
 		return 0, fmt.Errorf("sm: module closed: %w", btl.ErrClosed)
 	}
+	if !e.p.mapped.Load() { // first use: map the peer's segment (a shared Get posts into it)
+		e.mu.Lock()
+		err := e.usable()
+		e.mu.Unlock()
+		if err != nil {
+			return 0, err
+		}
+	}
 	if e.m.Caps()&c == 0 || e.p.cmaErr != nil {
 		return 0, mpierr.Errorf(mpierr.ErrNotSupported, "sm: no single-copy %v to rank %d (%s)", c, e.p.rank, Status())
 	}

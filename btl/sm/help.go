@@ -228,8 +228,19 @@ func (m *Module) helpIdle() {
 // helpPeer takes chunks of local peer l's request.
 func (m *Module) helpPeer(l int) int {
 	p := m.peers[l].p.Load()
-	if p == nil || p.seg == nil || p.cmaErr != nil || p.failure() != nil || m.closed.Load() {
+	if p == nil || p.cmaErr != nil || p.failure() != nil || m.closed.Load() {
 		return 0
+	}
+	if !p.mapped.Load() {
+		// Its request is the first use: mapping the requester's segment
+		// starts watching its process, so that the copies below never
+		// write into a process that took over a dead requester's pid.
+		p.ep.mu.Lock()
+		m.attach(p)
+		p.ep.mu.Unlock()
+		if !p.mapped.Load() {
+			return 0
+		}
 	}
 	s := slotOf(m.seg, l)
 	var mem []byte // own registered memory of the request, once found

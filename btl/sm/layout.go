@@ -57,6 +57,9 @@ const (
 	stateAlive  = 0
 	stateClosed = 1 // the owner closed its module: sends to it fail with ErrClosed
 	stateDead   = 2 // the owner was killed (test hook; real deaths are seen by pidfd)
+	// stateUnmapped is never in a segment: it is the state a peer's
+	// segment has for this process until it maps it (unmappedState).
+	stateUnmapped = 3
 )
 
 // Limits that keep every index in its bit field (FIFO slot words and fast

@@ -47,7 +47,7 @@ type Module struct {
 	peers     []peerSlot    // by local rank
 	resolveMu sync.Mutex    // one resolve at a time
 	byRankMu  sync.Mutex    // guards byRank
-	byRank    map[int]*peer // world rank -> peer, for every local peer found
+	byRank    map[int]*peer // world rank -> peer, for every local peer looked up
 	resolved  bool          // guarded by resolveMu: every local peer was looked up
 
 	nextFbox atomic.Int32 // next unused fast box index of own segment
@@ -78,7 +78,7 @@ type Module struct {
 	pendingN atomic.Int32
 
 	lifeMu sync.RWMutex   // read-held by Block while it touches own segment; Close write-locks
-	mapMu  sync.Mutex     // held while connect maps a segment and while Close unmaps
+	mapMu  sync.Mutex     // held while a peer is recorded or its segment mapped, and while Close unmaps
 	bg     sync.WaitGroup // watcher and wake-helper goroutines
 
 	// huge pages for registered memory (huge.go), guarded by hugeMu
@@ -109,19 +109,30 @@ var (
 )
 
 type peerSlot struct {
-	mu sync.Mutex // serializes connecting
+	mu sync.Mutex // serializes looking the peer up
 	p  atomic.Pointer[peer]
 }
 
-// peer is another process on this host, as this module knows it.
+// peer is another process on this host, as this module knows it. It is
+// recorded when it is looked up in the store (the first AddProc) and its
+// segment is mapped on first use (attach): the first operation on its
+// endpoint, or the first fragment it sends us.
 type peer struct {
-	m     *Module
-	local int
-	rank  int
-	pid   int
-	ep    *endpoint
+	m      *Module
+	local  int
+	rank   int
+	pid    int
+	ep     *endpoint
+	entry  wireEntry // its store entry: where its segment is
+	cmaErr error     // why Put/Get to it are not possible (nil: they are); set before it is recorded
 
-	seg       []byte // the peer's segment (nil when the peer was gone before it could be mapped)
+	// Set once, by attach with ep.mu and m.mapMu held, then mapped is
+	// stored: read them with ep.mu held or after mapped.Load(). Until
+	// then state points at unmappedState, so that the state check of
+	// every operation (usable) is also the check that the segment is
+	// mapped, and the other fields are nil.
+	mapped    atomic.Bool
+	seg       []byte // the peer's segment (nil until mapped, and after Close)
 	lay       layout // validated copy of its layout
 	fifo      fifo
 	state     *atomic.Uint64
@@ -129,7 +140,6 @@ type peer struct {
 	fboxAvail *atomic.Uint64
 	helpPosts *atomic.Uint64
 	watch     *sys.PidWatch
-	cmaErr    error // why Put/Get to it are not possible (nil: they are)
 
 	failed   atomic.Pointer[error] // why it failed (dead, broke the protocol); set once
 	closed   atomic.Bool           // it closed its module
@@ -236,10 +246,11 @@ func (m *Module) Counters() btl.Counters {
 }
 
 // AddProc returns the endpoint to world rank peer when it runs on this
-// host. The first call looks up (waiting up to btl_sm_wireup_timeout) and
-// maps every other local rank's segment. A local peer that died before it
-// could be mapped still gets an endpoint: its operations fail and
-// PeerFailed reports it.
+// host. The first call looks up every other local rank's store entry
+// (waiting up to btl_sm_wireup_timeout) and probes it for single copies;
+// no segment is mapped until the endpoint is first used. A local peer that
+// died before it could be mapped still gets an endpoint: its operations
+// fail and PeerFailed reports it.
 func (m *Module) AddProc(rank int) (btl.Endpoint, error) {
 	if m.closed.Load() {
 		return nil, btl.ErrClosed
@@ -259,7 +270,7 @@ func (m *Module) AddProc(rank int) (btl.Endpoint, error) {
 	return p.ep, nil
 }
 
-// resolve connects every local rank once. Ranks whose entry does not
+// resolve looks up every local rank once. Ranks whose entry does not
 // appear within btl_sm_wireup_timeout are left out: AddProc finds them
 // unreachable.
 func (m *Module) resolve() error {
@@ -275,7 +286,7 @@ func (m *Module) resolve() error {
 		if l == m.local {
 			continue
 		}
-		if _, err := m.connect(ctx, l); err != nil {
+		if _, err := m.lookup(ctx, l); err != nil {
 			if m.closed.Load() {
 				return btl.ErrClosed
 			}
@@ -284,35 +295,52 @@ func (m *Module) resolve() error {
 	}
 	if len(missing) > 0 {
 		// Not retried by AddProc (each try would wait again); such a rank
-		// is connected later only if it sends to us.
+		// is looked up later only if it sends to us.
 		m.env.Logf("sm: rank %d: local ranks not reachable by shared memory: %v", m.rank, missing)
 	}
 	m.resolved = true
 	return nil
 }
 
-// peerAt returns the peer with local rank l, connecting it if needed (from
-// Progress, for a sender we have not looked up yet).
+// peerAt returns the peer with local rank l with its segment mapped, for
+// Progress, which found a fragment of l in its FIFO. It looks l up and maps
+// its segment on its first fragment; nil when l cannot be reached or its
+// segment cannot be mapped (the peer is then failed and reported).
 func (m *Module) peerAt(l int) *peer {
 	if l < 0 || l >= len(m.peers) || l == m.local {
 		return nil
 	}
-	if p := m.peers[l].p.Load(); p != nil {
+	if p := m.peers[l].p.Load(); p != nil && p.mapped.Load() {
 		return p
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.wireTimeout)
-	defer cancel()
-	p, err := m.connect(ctx, l)
-	if err != nil {
-		m.env.Logf("sm: rank %d: fragment from local rank %d, which cannot be reached: %v", m.rank, l, err)
+	return m.reach(l)
+}
+
+// reach is peerAt's first fragment from l.
+func (m *Module) reach(l int) *peer {
+	p := m.peers[l].p.Load()
+	if p == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.wireTimeout)
+		defer cancel()
+		var err error
+		if p, err = m.lookup(ctx, l); err != nil {
+			m.env.Logf("sm: rank %d: fragment from local rank %d, which cannot be reached: %v", m.rank, l, err)
+			return nil
+		}
+	}
+	p.ep.mu.Lock()
+	m.attach(p)
+	p.ep.mu.Unlock()
+	if !p.mapped.Load() {
+		return nil
 	}
 	return p
 }
 
-// connect looks up local rank l in the store and maps its segment. An
-// error means l is not (yet) reachable; a peer that is found but gone is
-// returned marked failed.
-func (m *Module) connect(ctx context.Context, l int) (*peer, error) {
+// lookup reads local rank l's entry in the store and records the peer,
+// its segment not mapped yet. An error means l is not (yet) reachable; a
+// peer that is found but gone is returned marked failed.
+func (m *Module) lookup(ctx context.Context, l int) (*peer, error) {
 	s := &m.peers[l]
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -331,20 +359,23 @@ func (m *Module) connect(ctx context.Context, l int) (*peer, error) {
 		return nil, fmt.Errorf("rank %d (local %d of %d, %v) does not share this kernel and user (%v): %w",
 			e.rank, e.local, e.localSize, e.id, m.id, btl.ErrUnreachable)
 	}
-	p := &peer{m: m, local: l, rank: e.rank, pid: e.pid}
+	p := &peer{m: m, local: l, rank: e.rank, pid: e.pid, entry: e, state: unmappedState}
 	p.ep = &endpoint{m: m, p: p}
-	m.mapMu.Lock() // release waits until the mapping is recorded
+	m.mapMu.Lock() // release waits until the peer is recorded
 	defer m.mapMu.Unlock()
 	if m.closed.Load() {
 		return nil, btl.ErrClosed
 	}
+	// The single-copy probe needs only the pid: made here, every peer's
+	// refusal drops put and get before the PML reads Caps for its peers.
 	gone := false
-	if err := m.mapPeer(p, e); err != nil {
-		err = fmt.Errorf("sm: rank %d (pid %d) is gone: %v: %w", e.rank, e.pid, err, mpierr.ErrProcFailed)
-		p.failed.Store(&err)
-		gone = true
-	} else if m.Caps()&btl.CapRDMA != 0 {
-		if err := sys.CMAPermitted(p.pid); err != nil {
+	if m.Caps()&btl.CapRDMA != 0 {
+		switch err := sys.CMAPermitted(p.pid); {
+		case errors.Is(err, mpierr.ErrProcFailed):
+			err = fmt.Errorf("sm: rank %d (pid %d) is gone: %v: %w", e.rank, e.pid, err, mpierr.ErrProcFailed)
+			p.failed.Store(&err)
+			gone = true
+		case err != nil:
 			p.cmaErr = err
 			m.caps.Store(m.caps.Load() &^ uint32(btl.CapRDMA))
 			setStatus("single copy: none (%v)", err)
@@ -360,6 +391,31 @@ func (m *Module) connect(ctx context.Context, l int) (*peer, error) {
 		m.kick()
 	}
 	return p, nil
+}
+
+// unmappedState is the state word of every peer whose segment is not
+// mapped yet; it says stateUnmapped.
+var unmappedState = func() *atomic.Uint64 {
+	w := new(atomic.Uint64)
+	w.Store(stateUnmapped << 32)
+	return w
+}()
+
+// attach maps p's segment, on first use. Afterwards p is mapped, or
+// failed (it was gone: its segment could not be mapped or is not its), or
+// the module is closed. Called with p.ep.mu held.
+func (m *Module) attach(p *peer) {
+	m.mapMu.Lock() // release waits until the mapping is recorded
+	defer m.mapMu.Unlock()
+	if p.mapped.Load() || p.failure() != nil || m.closed.Load() {
+		return
+	}
+	if err := m.mapPeer(p, p.entry); err != nil {
+		m.fail(p, fmt.Errorf("sm: rank %d (pid %d) is gone: %v: %w", p.rank, p.pid, err, mpierr.ErrProcFailed))
+		m.kick() // Progress reports it
+		return
+	}
+	p.mapped.Store(true)
 }
 
 // mapPeer maps the segment that entry e names, checks it is that rank's,
@@ -527,7 +583,7 @@ func (m *Module) shutdown(state uint64) error {
 	}
 	m.kick()
 	for i := range m.peers {
-		if p := m.peers[i].p.Load(); p != nil && p.seg != nil {
+		if p := m.peers[i].p.Load(); p != nil && p.mapped.Load() {
 			bump(p.seq)
 			sys.FutexWake(p.seq, math.MaxInt32)
 		}
@@ -542,10 +598,11 @@ func (m *Module) shutdown(state uint64) error {
 	m.pollMu.Unlock()
 	d := drained{failed: cbs, err: fmt.Errorf("sm: module closed: %w", btl.ErrClosed)}
 	d.run()
-	// Lock order everywhere: lifeMu, pollMu, a peer slot's mu, mapMu.
+	// Lock order everywhere: lifeMu, pollMu, a peer slot's mu or an
+	// endpoint's mu, mapMu.
 	m.lifeMu.Lock() // Block calls are out
 	m.pollMu.Lock() // Progress too
-	m.mapMu.Lock()  // a connect in flight has recorded its peer; later ones see closed
+	m.mapMu.Lock()  // a lookup or attach in flight has recorded its peer or mapping; later ones see closed
 	for i := range m.peers {
 		if p := m.peers[i].p.Load(); p != nil && p.watch != nil {
 			p.watch.Close()

@@ -269,7 +269,7 @@ func (m *Module) pollFifo() int {
 		h++
 		n++
 		p := m.peerAt(l)
-		if p == nil || p.seg == nil || p.failed.Load() != nil {
+		if p == nil || p.failed.Load() != nil {
 			continue // a dead or unknown sender: nobody to deliver for
 		}
 		k, _ := m.recvFrag(p, idx, true)
@@ -373,7 +373,7 @@ func (m *Module) handleEvents() int {
 		if p == nil || p.reported {
 			continue
 		}
-		if p.seg != nil && p.failure() == nil && !p.closed.Load() {
+		if p.mapped.Load() && p.failure() == nil && !p.closed.Load() {
 			switch p.state.Load() >> 32 {
 			case stateDead:
 				m.fail(p, fmt.Errorf("sm: rank %d died: %w", p.rank, mpierr.ErrProcFailed))
