@@ -177,7 +177,7 @@ func sizeHelp() string {
 		}
 		fmt.Fprintf(&b, "  %-14s %4.1f%%\n", sc.name, float64(sc.weight)/10)
 	}
-	b.WriteString("A message is about 10.6 KB on average (10M messages move about 106 GB).\n" +
+	b.WriteString("A message is about 10.4 KB on average (10M messages move about 103 GB).\n" +
 		"Send modes: synchronous 15%, buffered 10% (up to --bsend-max), ready 10% (to destinations that\n" +
 		"receive by source), else standard. Every byte of every message is compared with what was sent.")
 	return b.String()
