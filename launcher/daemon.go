@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,9 +24,10 @@ import (
 // line on its standard input, starts its ranks, writes their output
 // labelled "RANK: " on its own stdout and stderr (gorun relabels or strips
 // the labels), and then takes control lines on its standard input:
-// "signal N" forwards signal N to its ranks. When its standard input ends
-// (gorun died, or the connection to the host broke) it stops its ranks
-// and exits. When one of its ranks fails it says so on stderr, stops the
+// "signal N" forwards signal N to its ranks. The daemon of rank 0's host
+// fetches gorun's standard input for rank 0 over a connection of its own
+// (stdin.go). When its standard input ends (gorun died, or the connection
+// to the host broke) it stops its ranks and exits. When one of its ranks fails it says so on stderr, stops the
 // others and exits with that rank's status (128+n for signal n).
 
 // DaemonFlag is the first argument that makes gorun a host daemon
@@ -45,10 +47,15 @@ type daemonConfig struct {
 	Stores  []string `json:"stores"` // the store's addresses, tried in order
 	Grace   int64    `json:"grace"`  // nanoseconds between SIGTERM and SIGKILL
 	Verbose bool     `json:"verbose"`
+	// Rank 0's standard input (stdin.go): where gorun relays it and the
+	// token to show; empty for the other hosts and without input.
+	StdinAddrs []string `json:"stdinAddrs,omitempty"`
+	StdinToken string   `json:"stdinToken,omitempty"`
 }
 
-// startDaemons starts one daemon per host that has ranks.
-func (j *job) startDaemons(path string, env []string, hostRanks [][]int, stores []string) error {
+// startDaemons starts one daemon per host that has ranks. in, if not nil,
+// relays the job's standard input to the daemon of rank 0's host.
+func (j *job) startDaemons(path string, env []string, hostRanks [][]int, stores []string, in *stdinRelay) error {
 	self := j.cfg.Self
 	if self == "" {
 		var err error
@@ -66,6 +73,13 @@ func (j *job) startDaemons(path string, env []string, hostRanks [][]int, stores 
 		}
 		dc := daemonConfig{Host: h.Name, Ranks: hostRanks[i], Env: env, Program: path, Args: j.cfg.Args,
 			Stores: stores, Grace: int64(j.cfg.Grace), Verbose: j.cfg.Verbose}
+		if in != nil && slices.Contains(dc.Ranks, 0) {
+			addrs, err := in.addrs()
+			if err != nil {
+				return fmt.Errorf("standard input relay: %w", err)
+			}
+			dc.StdinAddrs, dc.StdinToken = addrs, in.token
+		}
 		line, err := json.Marshal(dc)
 		if err != nil {
 			return err
@@ -139,12 +153,21 @@ func RunDaemon(stdin io.Reader, stdout, stderr io.Writer) int {
 			}
 		}
 	}
+	var rank0In *os.File // rank 0's standard input; the other ranks read /dev/null
+	if dc.StdinToken != "" && slices.Contains(dc.Ranks, 0) {
+		if rank0In, err = dialStdin(dc.StdinAddrs, dc.StdinToken); err != nil {
+			say("rank 0 reads no standard input: %v", err)
+		}
+	}
 	for l, r := range dc.Ranks {
 		cmd := exec.Command(dc.Program, dc.Args...)
 		cmd.Env = append(base[:len(base):len(base)],
 			EnvRank+"="+strconv.Itoa(r), EnvLocalRank+"="+strconv.Itoa(l),
 			EnvLocalSize+"="+strconv.Itoa(len(dc.Ranks)), EnvStore+"="+store)
 		cmd.SysProcAttr = rankProcAttr()
+		if r == 0 && rank0In != nil {
+			cmd.Stdin = rank0In
+		}
 		so, err1 := cmd.StdoutPipe()
 		se, err2 := cmd.StderrPipe()
 		if err1 != nil || err2 != nil {
@@ -152,7 +175,11 @@ func RunDaemon(stdin io.Reader, stdout, stderr io.Writer) int {
 			signalAll(syscall.SIGKILL)
 			return ExitFailure
 		}
-		if err := cmd.Start(); err != nil {
+		err := cmd.Start()
+		if r == 0 && rank0In != nil {
+			rank0In.Close() // rank 0 has its own descriptor of the socket
+		}
+		if err != nil {
 			say("start rank %d: %v", r, err)
 			signalAll(syscall.SIGKILL)
 			return ExitFailure

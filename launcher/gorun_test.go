@@ -386,6 +386,37 @@ func TestStdinGoesToRankZero(t *testing.T) {
 	}
 }
 
+// TestStdinAcrossHosts: on several hosts (here two, whose daemons a launch
+// agent runs on this machine) stdin goes to rank 0 as on one host, whole
+// and in order; the other ranks, on rank 0's host and on the other one,
+// read nothing.
+func TestStdinAcrossHosts(t *testing.T) {
+	agent := filepath.Join(t.TempDir(), "agent")
+	script := "#!/bin/sh\n# launch agent: AGENT HOST CMD... runs CMD on this machine\nshift\nexec \"$@\"\n"
+	if err := os.WriteFile(agent, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for i := range 50000 { // 900 KB: more than the socket buffers hold
+		fmt.Fprintf(&b, "input line %06d\n", i)
+	}
+	in := b.String()
+	r := gorun(t, in, "--host", "a:2,b", "--launch-agent", agent, "-np", "3", rankprogBin, "echo")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	out := r.stdout
+	for _, other := range []string{"rank 1 read 0 bytes of stdin\n", "rank 2 read 0 bytes of stdin\n"} {
+		if !strings.Contains(out, other) {
+			t.Fatalf("no %q in stdout; stderr:\n%s", other, r.stderr)
+		}
+		out = strings.Replace(out, other, "", 1)
+	}
+	if out != in {
+		t.Errorf("rank 0 echoed %d bytes, want the %d of stdin; stdout starts:\n%.300q", len(out), len(in), out)
+	}
+}
+
 func TestEnvironmentContract(t *testing.T) {
 	t.Setenv("GOMPI_RANK", "99") // from an enclosing job: must not leak
 	t.Setenv("GORUN_TEST_COPIED", "copied value")

@@ -88,8 +88,10 @@ type Config struct {
 
 	// Stdin is copied to rank 0 (the other ranks read /dev/null); nil means
 	// no input. An *os.File that is not a terminal is handed to rank 0
-	// directly; any other reader is copied by a goroutine, which Run does not
-	// wait for (a Read cannot be interrupted).
+	// directly when rank 0 runs on this host; any other reader, and any
+	// input for a job on several hosts (stdin.go), is copied by a
+	// goroutine, which Run does not wait for (a Read cannot be
+	// interrupted).
 	Stdin io.Reader
 	// Stdout and Stderr receive the ranks' output, line by line; Stderr also
 	// gets gorun's own messages. nil discards.
@@ -122,8 +124,9 @@ type Config struct {
 	// command that runs its arguments on the host named by its first
 	// argument ("ssh", the default; "ip netns exec" for network
 	// namespaces). The store then listens on every address of this host.
-	// PROGRAM must exist at the same path on every host; ranks' standard
-	// input is /dev/null.
+	// PROGRAM must exist at the same path on every host. Stdin goes to
+	// rank 0 as on one host, through a connection from its host's daemon
+	// back to this process (stdin.go).
 	Hosts []Host
 	Agent string
 }
@@ -303,7 +306,14 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 				denv = append(denv, kv)
 			}
 		}
-		if err := j.startDaemons(prog.path, denv, hostRanks, stores); err != nil {
+		var in *stdinRelay
+		if cfg.Stdin != nil {
+			if in, err = newStdinRelay(cfg.Stdin); err != nil {
+				return ExitFailure, err
+			}
+			defer in.Close()
+		}
+		if err := j.startDaemons(prog.path, denv, hostRanks, stores, in); err != nil {
 			j.abandon()
 			return ExitFailure, fmt.Errorf("start the host daemons: %w", err)
 		}

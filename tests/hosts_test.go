@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -199,6 +200,27 @@ func TestHostDies(t *testing.T) {
 	t.Logf("output:\n%s", out)
 	require.NotEqual(t, 0, code, out)
 	require.Regexp(t, `gorun: rank 1 \(pid \d+\) .*gorun daemon on host h2`, out)
+	h.requireHostsEmpty(t)
+}
+
+// TestHostsStdin: gorun's standard input reaches rank 0 (host h1) as it
+// comes, a line at a time, and rank 0 only: rank 1 (host h2) reads
+// nothing. The ranks are shell scripts: rank 0 copies its input.
+func TestHostsStdin(t *testing.T) {
+	h := newNetHosts(t, 2)
+	script := `if [ "$GOMPI_RANK" = 0 ]; then cat; else echo "rank $GOMPI_RANK read $(wc -c | tr -d ' ') bytes of stdin"; fi`
+	r := h.gorunIn(t, 60*time.Second, "--host", "h1,h2", "-np", "2", "--tag-output", "--timeout", "40s", "sh", "-c", script)
+	_, err := io.WriteString(r.stdin, "first line\n")
+	require.NoError(t, err)
+	r.await(regexp.MustCompile(`\[0\] first line`), 30*time.Second)
+	_, err = io.WriteString(r.stdin, "second line\n")
+	require.NoError(t, err)
+	require.NoError(t, r.stdin.Close())
+	out, code := r.wait()
+	t.Logf("output:\n%s", out)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "[0] second line\n")
+	require.Contains(t, out, "[1] rank 1 read 0 bytes of stdin\n")
 	h.requireHostsEmpty(t)
 }
 
