@@ -4,8 +4,9 @@
 // Open creates this process's segment in a memfd (no name in any file
 // system; freed by the kernel when the last process that maps it is gone,
 // however it ends), publishes where it is in the wire-up store, and returns
-// one module. The first AddProc maps the segments of the other ranks on
-// this host through /proc/<pid>/fd/<fd>, which the kernel allows only to
+// one module. The first AddProc looks up the other ranks on this host in
+// the store; a peer's segment is mapped on first use (the first message to
+// or from it) through /proc/<pid>/fd/<fd>, which the kernel allows only to
 // processes of the same user that may ptrace the owner; each mapping is
 // checked against a random nonce from the store, so it is this job's.
 //
