@@ -416,6 +416,7 @@ func (m *Module) attach(p *peer) {
 		return
 	}
 	p.mapped.Store(true)
+	m.env.Logf("sm: rank %d: mapped the segment of rank %d (local %d) on first use", m.rank, p.rank, p.local)
 }
 
 // mapPeer maps the segment that entry e names, checks it is that rank's,
