@@ -53,6 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	count := fs.Int64("count", 0, "stop after about this many messages in the whole job (rounds are whole)")
 	dur := fs.Duration("time", 0, "stop after this long (checked at the end of each round)")
 	seed := fs.Uint64("seed", 1, "schedule and content seed (the same messages for the same seed and job size)")
+	first := fs.Int("first-round", 0, "start at this round (a round's messages depend only on the seed and its number: replays a failed round)")
 	maxSize := fs.String("max-size", "16m", "largest message (suffixes k, m); sizes of a class above it are drawn from 0..max-size")
 	perPair := fs.Int("per-pair", 64, "at most this many messages from one rank to another per round (half that to itself)")
 	deadline := fs.Duration("round-deadline", 2*time.Minute, "a round not finished by then has lost messages")
@@ -74,12 +75,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gompi-soak: %v\n", err)
 		return 2
 	}
-	if fs.NArg() != 0 || (*count > 0) == (*dur > 0) || *perPair < 1 || *deadline <= 0 {
-		fmt.Fprintln(stderr, "gompi-soak: give exactly one of --count N (N > 0) or --time D (D > 0); --per-pair and --round-deadline must be positive")
+	if fs.NArg() != 0 || (*count > 0) == (*dur > 0) || *perPair < 1 || *deadline <= 0 || *first < 0 {
+		fmt.Fprintln(stderr, "gompi-soak: give exactly one of --count N (N > 0) or --time D (D > 0); --per-pair and --round-deadline must be positive, --first-round not negative")
 		fs.Usage()
 		return 2
 	}
-	cfg := &config{seed: *seed, count: *count, duration: *dur, perPair: *perPair, deadline: *deadline, progress: *progress,
+	cfg := &config{seed: *seed, first: *first, count: *count, duration: *dur, perPair: *perPair, deadline: *deadline, progress: *progress,
 		logf: func(format string, a ...any) { fmt.Fprintf(stdout, format+"\n", a...) }}
 	var err error
 	if cfg.maxSize, err = params.ParseSize(*maxSize); err != nil || cfg.maxSize < 0 {

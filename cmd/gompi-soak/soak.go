@@ -101,6 +101,7 @@ type msg struct {
 // config of a soak run.
 type config struct {
 	seed     uint64
+	first    int           // the first round
 	count    int64         // stop after this many messages (0: use duration)
 	duration time.Duration // stop after this long (rank 0 decides at a round's end)
 	maxSize  int
@@ -381,7 +382,7 @@ func soak(ctx context.Context, world *mpi.Comm, cfg *config) (report, error) {
 	start := time.Now()
 	lastProgress := start
 	var total, totalBytes int64
-	for n := 0; ; n++ {
+	for n := cfg.first; ; n++ {
 		rd := schedule(cfg, size, n)
 		if err := runRound(ctx, data, cfg, st, rd, &rep); err != nil {
 			return rep, fmt.Errorf("round %d: %w", n, err)
@@ -392,7 +393,7 @@ func soak(ctx context.Context, world *mpi.Comm, cfg *config) (report, error) {
 		totalBytes += b
 		if me == 0 && cfg.progress > 0 && time.Since(lastProgress) >= cfg.progress {
 			lastProgress = time.Now()
-			cfg.logf("gompi-soak: %v: %d rounds, %d messages, %d bytes", lastProgress.Sub(start).Round(time.Second), n+1, total, totalBytes)
+			cfg.logf("gompi-soak: %v: round %d, %d messages, %d bytes", lastProgress.Sub(start).Round(time.Second), n, total, totalBytes)
 		}
 		// Whether to go on: by count every rank knows; by time rank 0
 		// decides and tells the others.

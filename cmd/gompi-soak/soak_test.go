@@ -121,6 +121,7 @@ func TestBadFlags(t *testing.T) {
 		{"--inprocess", "2", "--count", "5", "--time", "1s"},
 		{"--inprocess", "2", "--count", "5", "--max-size", "lots"},
 		{"--inprocess", "2", "--count", "5", "--per-pair", "0"},
+		{"--inprocess", "2", "--count", "5", "--first-round", "-1"},
 	} {
 		var out, errb bytes.Buffer
 		require.Equal(t, 2, run(args, &out, &errb), "%v", args)
