@@ -11,6 +11,7 @@ import (
 
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/btl/verbs/ibv"
+	"github.com/gompi-org/gompi/btl/verbs/ibv/soft"
 	"github.com/gompi-org/gompi/internal/mpierr"
 )
 
@@ -209,8 +210,16 @@ func (m *module) Counters() btl.Counters {
 // Status describes the device and the flow control (gompi-info, --stats).
 func (m *module) Status() string {
 	n, b, hits, misses, ev := m.cache.stats()
-	return fmt.Sprintf("device %s (provider %s) port %d mtu %d; credits %d, ring %d B; %d stalls, %d ACKs; reg cache %d entries %d B, %d hits %d misses %d evictions",
+	st := fmt.Sprintf("device %s (provider %s) port %d mtu %d; credits %d, ring %d B; %d stalls, %d ACKs; reg cache %d entries %d B, %d hits %d misses %d evictions",
 		m.attr.Name, m.prov.Name(), m.cfg.port, m.mtu.Bytes(), m.cfg.credits, m.cfg.ringSize, m.stalls.Load(), m.acksSent.Load(), n, b, hits, misses, ev)
+	if c, ok := soft.CountersOf(m.dev); ok {
+		// What the software device's retransmission costs: packets sent
+		// again after losses it learnt of (sequence NAKs, READ response
+		// gaps) and after timeouts.
+		st += fmt.Sprintf("; soft: %d packets sent, %d received, %d retransmitted, %d timeouts, %d early go-backs, %d sequence NAKs sent, %d dropped by fault injection",
+			c.PacketsSent, c.PacketsReceived, c.Retransmits, c.Timeouts, c.EarlyGoBacks, c.SeqNAKsSent, c.DropsInjected)
+	}
+	return st
 }
 
 // refused reports whether the refuse knob refuses this operation.

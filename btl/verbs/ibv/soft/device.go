@@ -90,6 +90,9 @@ type device struct {
 
 	ctr counters
 
+	ncq    atomic.Int32  // live CQs
+	passes atomic.Uint32 // progress passes, for the socket's share of them
+
 	atomicMu sync.Mutex // makes the responders' atomics atomic with each other
 
 	// Transmit worker: QPs with more to send than their pumper's budget.
@@ -97,23 +100,32 @@ type device struct {
 	work     []*qp // guarded by workMu
 	workWake chan struct{}
 
+	// Deferred ACKs: QPs owing an ACK that waits for a carrier
+	// (qp.queueAckLater). nAcks is len(acks), read without the lock by
+	// every progress pass.
+	ackMu    sync.Mutex
+	acks     []*qp // guarded by ackMu
+	nAcks    atomic.Int32
+	ackTimer Timer
+	ackArmed bool // guarded by ackMu
+
 	done chan struct{}
 	wg   sync.WaitGroup
 
 	// rxMu serialises packet processing (the receive goroutine and
 	// helping pollers); the fields below it belong to its holder.
-	rxMu      sync.Mutex
-	lastEmpty atomic.Int64 // mono() of the last look that found the socket empty
-	rs        *rxState
-	icrc      icrcScratch
-	faults    bool
-	rng       *rand.Rand // fault injection
-	held      []byte     // a packet held back for reordering
-	heldN     int
-	heldFrom  netip.AddrPort
-	holding   bool
-	dirty     []*qp // QPs touched in this receive batch
-	rxEpoch   uint64
+	rxMu     sync.Mutex
+	rs       *rxState
+	icrc     icrcScratch
+	faults   bool
+	rng      *rand.Rand // fault injection
+	held     []byte     // a packet held back for reordering
+	heldN    int
+	heldFrom netip.AddrPort
+	holding  bool
+	dirty    []*qp     // QPs touched in this receive batch
+	rxNow    time.Time // the clock when this receive batch arrived
+	rxEpoch  uint64
 }
 
 var addrCounter atomic.Uint32
@@ -180,6 +192,8 @@ func newDevice(cfg Config) (*device, error) {
 	}
 	d.rs = newRxState(nbuf, bufSize)
 	d.held = make([]byte, bufSize)
+	d.ackTimer = d.clock.AfterFunc(time.Hour, d.onAckTimer)
+	d.ackTimer.Stop()
 	d.wg.Add(2)
 	go d.rxLoop()
 	go d.txWorker()
@@ -188,6 +202,10 @@ func newDevice(cfg Config) (*device, error) {
 
 // close stops the goroutines and releases the socket.
 func (d *device) close() {
+	d.ackMu.Lock()
+	d.ackTimer.Stop()
+	d.ackArmed = true // no timer from now on
+	d.ackMu.Unlock()
 	close(d.done)
 	d.sock.close()
 	d.wg.Wait()
@@ -323,17 +341,16 @@ func (d *device) txWorker() {
 	}
 }
 
-// pollGap is the least time between two looks at an empty socket by
-// pollers (progress).
-const pollGap = 2000 // ns
-
-var epoch = time.Now()
-
-// mono is a monotonic clock in nanoseconds.
-func mono() int64 { return int64(time.Since(epoch)) }
-
-// rxBatch is how many datagrams one recvmmsg takes.
+// rxBatch is how many datagrams one recvmmsg takes at most.
 const rxBatch = 32
+
+// rxBatchBytes bounds the bytes one recvmmsg asks for, by the size of the
+// largest datagram of the previous batch: the kernel writes the batch
+// into the buffers, and the ICRC check and the copy into registered
+// memory then read it, which finds it in the core's L2 cache only if the
+// batch is well below the cache's size (a GRO batch of 64 KiB datagrams
+// would otherwise be as large as the L2).
+const rxBatchBytes = 256 << 10
 
 // rxLoop waits for the socket to be readable and processes what arrived.
 // Pollers of an empty CQ do the same work (progress), so that a user
@@ -349,23 +366,26 @@ func (d *device) rxLoop() {
 	})
 }
 
-// drain receives and processes up to max batches of datagrams without
-// blocking and reports whether any arrived. Called with rxMu held.
-func (d *device) drain(max int) bool {
+// drain receives and processes up to batches batches of datagrams
+// without blocking and reports whether any arrived. Called with rxMu held.
+func (d *device) drain(batches int) bool {
 	got := false
-	for range max {
+	for range batches {
 		n, err := d.sock.recv(d.rs, false)
 		if err != nil || n == 0 {
 			break
 		}
 		got = true
-		more := n == len(d.rs.msgs) // a short batch emptied the socket
+		d.rxNow = d.clock.Now() // one clock read per batch, not per packet
+		more := n == d.rs.limit // a short batch emptied the socket
+		largest := 0
 		for i := 0; i < n; i++ {
 			data, seg, from, ok := d.rs.datagram(i)
 			if !ok {
 				d.ctr.bad.Add(1)
 				continue
 			}
+			largest = max(largest, len(data))
 			if len(data) == 0 {
 				d.ctr.pktRecv.Add(1)
 				d.ctr.bad.Add(1)
@@ -379,6 +399,7 @@ func (d *device) drain(max int) bool {
 			}
 		}
 		d.flushDirty()
+		d.rs.limit = min(len(d.rs.msgs), max(2, rxBatchBytes/max(largest, 1)))
 		if !more {
 			break
 		}
@@ -390,17 +411,84 @@ func (d *device) drain(max int) bool {
 	return got
 }
 
-// progress is the help of a poller that found its CQ empty: one pass over
-// the socket (if no one else is receiving) and one QP of the transmit
-// worker's list.
-func (d *device) progress() {
-	// A pass that finds the socket empty costs a system call; pollers
-	// spinning on empty CQs take one such look per pollGap between them.
-	now := mono()
-	if now-d.lastEmpty.Load() >= pollGap && d.rxMu.TryLock() {
-		if !d.drain(1) {
-			d.lastEmpty.Store(now)
+// ackDeferBound is the longest a deferred ACK waits for a carrier when
+// no one polls the device: well below the least local ACK timeout
+// (Config.MinTimeout), so that deferring never costs a retransmission.
+const ackDeferBound = 100 * time.Microsecond
+
+// deferAck notes that q owes an ACK that waits for a carrier: q's next
+// request packets, the next progress pass, or the timer. Called with
+// q.mu held.
+func (d *device) deferAck(q *qp) {
+	d.ackMu.Lock()
+	if !q.ackQueued {
+		q.ackQueued = true
+		d.acks = append(d.acks, q)
+		d.nAcks.Store(int32(len(d.acks)))
+	}
+	if !d.ackArmed {
+		d.ackArmed = true
+		d.ackTimer.Reset(ackDeferBound)
+	}
+	d.ackMu.Unlock()
+}
+
+// flushAcks sends the deferred ACKs still owed.
+func (d *device) flushAcks() {
+	var buf [8]*qp
+	for d.nAcks.Load() > 0 {
+		d.ackMu.Lock()
+		n := copy(buf[:], d.acks)
+		for _, q := range buf[:n] {
+			q.ackQueued = false
 		}
+		rest := copy(d.acks, d.acks[n:])
+		clear(d.acks[rest:])
+		d.acks = d.acks[:rest]
+		d.nAcks.Store(int32(rest))
+		d.ackMu.Unlock()
+		for i, q := range buf[:n] {
+			q.sendAckNow()
+			buf[i] = nil
+		}
+	}
+}
+
+// onAckTimer sends the ACKs that no carrier took within ackDeferBound.
+func (d *device) onAckTimer() {
+	d.ackMu.Lock()
+	closed := d.ackArmed && isClosed(d.done)
+	if !closed {
+		d.ackArmed = false
+	}
+	d.ackMu.Unlock()
+	if !closed {
+		d.flushAcks()
+	}
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// progress is the help of a poller that found its CQ empty: the ACKs
+// deferred since its last pass, one pass over the socket (if no one else
+// is receiving) and one QP of the transmit worker's list.
+func (d *device) progress() {
+	if d.nAcks.Load() > 0 {
+		d.flushAcks()
+	}
+	// A look at the socket costs a system call, also when it finds
+	// nothing: pollers take one look per round of the device's CQs, so
+	// that a user polling each of its CQs in turn makes one per round, as
+	// a read per pass of a socket transport does.
+	if n := d.ncq.Load(); (n <= 1 || d.passes.Add(1)%uint32(n) == 0) && d.rxMu.TryLock() {
+		d.drain(1)
 		d.rxMu.Unlock()
 	}
 	d.workMu.Lock()

@@ -25,14 +25,57 @@ type flow struct {
 
 var ones8 = [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
-// icrcScratch is the room in which the masked headers are laid out; its
-// owner reuses it so that no packet allocates.
-type icrcScratch [40 + 8 + bthLen]byte
+// icrcScratch computes the start of packets' ICRCs: the masked IP and UDP
+// headers depend only on the flow and the UDP length, so the CRC state
+// after them is kept for the last few (flow, length) pairs (most packets
+// of a transfer are full-MTU packets of one flow) and only the BTH is
+// added per packet. Its owner reuses it so that no packet allocates.
+type icrcScratch struct {
+	ph    [40 + 8]byte // the masked IP and UDP headers, laid out on a miss
+	cache [icrcCacheLen]icrcHead
+	next  int // the entry a miss replaces
+}
 
-// icrcStart returns the CRC state after the masked pseudo-LRH, IP header,
+// icrcCacheLen is how many (flow, UDP length) pairs an icrcScratch keeps.
+const icrcCacheLen = 4
+
+// icrcHead is the CRC state after ones8, the IP header and the UDP header
+// of packets of one flow and UDP length.
+type icrcHead struct {
+	f      flow
+	udpLen int
+	crc    uint32
+	valid  bool
+}
+
+// start returns the CRC state after the masked pseudo-LRH, IP header,
 // UDP header and BTH of a packet whose UDP payload (BTH to ICRC) is
 // udpLen bytes. hdr starts with the BTH.
-func (ph *icrcScratch) start(f *flow, udpLen int, hdr []byte) uint32 {
+func (s *icrcScratch) start(f *flow, udpLen int, hdr []byte) uint32 {
+	var c uint32
+	hit := false
+	for i := range s.cache {
+		e := &s.cache[i]
+		if e.valid && e.udpLen == udpLen && e.f == *f {
+			c, hit = e.crc, true
+			break
+		}
+	}
+	if !hit {
+		c = s.head(f, udpLen)
+		s.cache[s.next] = icrcHead{f: *f, udpLen: udpLen, crc: c, valid: true}
+		s.next = (s.next + 1) % icrcCacheLen
+	}
+	var b [bthLen]byte
+	copy(b[:], hdr[:bthLen])
+	b[4] = 0xff // FECN, BECN and the six reserved bits
+	return crc32.Update(c, crc32.IEEETable, b[:])
+}
+
+// head is the CRC state after ones8 (the masked pseudo-LRH) and the masked
+// IP and UDP headers.
+func (s *icrcScratch) head(f *flow, udpLen int) uint32 {
+	ph := &s.ph
 	clear(ph[:])
 	n := 0
 	if f.src.Is4() && f.dst.Is4() {
@@ -44,18 +87,18 @@ func (ph *icrcScratch) start(f *flow, udpLen int, hdr []byte) uint32 {
 		ph[8] = 0xff // TTL
 		ph[9] = 17   // UDP
 		ph[10], ph[11] = 0xff, 0xff
-		s, d := f.src.As4(), f.dst.As4()
-		copy(ph[12:], s[:])
-		copy(ph[16:], d[:])
+		sa, da := f.src.As4(), f.dst.As4()
+		copy(ph[12:], sa[:])
+		copy(ph[16:], da[:])
 		n = 20
 	} else {
 		ph[0], ph[1], ph[2], ph[3] = 0x6f, 0xff, 0xff, 0xff
 		binary.BigEndian.PutUint16(ph[4:], uint16(8+udpLen))
 		ph[6] = 17
 		ph[7] = 0xff // hop limit
-		s, d := f.src.As16(), f.dst.As16()
-		copy(ph[8:], s[:])
-		copy(ph[24:], d[:])
+		sa, da := f.src.As16(), f.dst.As16()
+		copy(ph[8:], sa[:])
+		copy(ph[24:], da[:])
 		n = 40
 	}
 	binary.BigEndian.PutUint16(ph[n:], f.sport)
@@ -63,9 +106,6 @@ func (ph *icrcScratch) start(f *flow, udpLen int, hdr []byte) uint32 {
 	binary.BigEndian.PutUint16(ph[n+4:], uint16(8+udpLen))
 	ph[n+6], ph[n+7] = 0xff, 0xff
 	n += 8
-	copy(ph[n:], hdr[:bthLen])
-	ph[n+4] = 0xff // FECN, BECN and the six reserved bits
-	n += bthLen
 	c := crc32.Update(0, crc32.IEEETable, ones8[:])
 	return crc32.Update(c, crc32.IEEETable, ph[:n])
 }
@@ -83,12 +123,12 @@ func checkICRC(f *flow, pkt []byte) error {
 	return s.check(f, pkt)
 }
 
-func (ph *icrcScratch) check(f *flow, pkt []byte) error {
+func (s *icrcScratch) check(f *flow, pkt []byte) error {
 	if len(pkt) < bthLen+icrcLen {
 		return errShort
 	}
 	end := len(pkt) - icrcLen
-	c := ph.start(f, len(pkt), pkt)
+	c := s.start(f, len(pkt), pkt)
 	c = icrcUpdate(c, pkt[bthLen:end])
 	if binary.LittleEndian.Uint32(pkt[end:]) != c {
 		return errICRC
@@ -99,9 +139,9 @@ func (ph *icrcScratch) check(f *flow, pkt []byte) error {
 // sealICRC computes and stores the ICRC of a contiguous packet whose last
 // four bytes are reserved for it.
 func sealICRC(f *flow, pkt []byte) {
-	var ph icrcScratch
+	var s icrcScratch
 	end := len(pkt) - icrcLen
-	c := ph.start(f, len(pkt), pkt)
+	c := s.start(f, len(pkt), pkt)
 	c = icrcUpdate(c, pkt[bthLen:end])
 	putICRC(pkt[end:], c)
 }

@@ -108,6 +108,7 @@ func (c *devContext) CreateCQ(cqe int, ch ibv.CompChannel) (ibv.CQ, error) {
 		}
 		return nil, err
 	}
+	c.dev.ncq.Add(1)
 	return &cq{ctx: c, ch: chn, ring: make([]ibv.WC, cqe)}, nil
 }
 
@@ -371,6 +372,7 @@ func (c *cq) Destroy() error {
 	}
 	c.dead = true
 	c.mu.Unlock()
+	c.ctx.dev.ncq.Add(-1)
 	if c.ch != nil {
 		c.ch.mu.Lock()
 		c.ch.cqs--

@@ -57,6 +57,17 @@ func (q *qp) pump(budget int) {
 	}
 }
 
+// sendAckNow sends the QP's deferred ACK, if it still owes one.
+func (q *qp) sendAckNow() {
+	q.mu.Lock()
+	due := q.r.ctl && q.r.ackLater
+	q.r.ackLater = false
+	q.mu.Unlock()
+	if due {
+		q.pump(rxPumpBudget)
+	}
+}
+
 // buildLocked fills q.tx with up to limit packets and reports whether it
 // stopped at the limit (more may be due).
 func (q *qp) buildLocked(limit int) bool {
@@ -76,26 +87,33 @@ func (q *qp) buildLocked(limit int) bool {
 			r.reads = r.reads[:len(r.reads)-1]
 		}
 	}
-	if r.ctl {
+	if r.ctl && !r.ackLater {
 		if n >= limit || q.tx.full() {
 			return true
 		}
 		q.buildCtl()
-		r.ctl = false
 		n++
 	}
-	if q.state != ibv.QPSRTS && q.state != ibv.QPSSQD {
-		return false
+	if q.state == ibv.QPSRTS || q.state == ibv.QPSSQD {
+		for {
+			if n >= limit || q.tx.full() {
+				return true
+			}
+			if !q.buildRequest() {
+				break
+			}
+			n++
+		}
 	}
-	for {
+	// A deferred ACK rides behind whatever else goes out: after the
+	// requests, so that the peer takes the data first.
+	if r.ctl && n > 0 {
 		if n >= limit || q.tx.full() {
 			return true
 		}
-		if !q.buildRequest() {
-			return false
-		}
-		n++
+		q.buildCtl()
 	}
+	return false
 }
 
 // seal finishes a packet begun with hdr: payload parts were added by the
@@ -148,6 +166,7 @@ func (q *qp) addPayload(c uint32, segs [][]byte, off, n int) uint32 {
 }
 
 func (q *qp) buildCtl() {
+	q.r.ctl, q.r.ackLater, q.r.sinceAck = false, false, 0
 	p := packet{bth: bth{opcode: opAck, psn: q.r.ctlPSN}, aeth: aeth{syndrome: q.r.ctlSyn, msn: q.r.msn}}
 	c, hl := q.startPacket(&p, 0)
 	q.seal(hl, 0, c)

@@ -106,6 +106,9 @@ type qp struct {
 	tx      *txBatch
 	ts      *txState
 	queued  bool // on the transmit worker's list; guarded by dev.workMu
+	// ackQueued: on the device's list of deferred ACKs; guarded by
+	// dev.ackMu.
+	ackQueued bool
 
 	rxEpoch uint64 // receive goroutine only
 }

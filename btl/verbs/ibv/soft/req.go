@@ -62,11 +62,12 @@ func (q *qp) requesterInput(p *packet) {
 
 // progress notes that the peer answered for every PSN up to psn: the
 // retry counters start over, and an RTT sample is taken when the probe
-// packet is answered.
+// packet is answered. It runs on the receive path: the time is the
+// receive batch's.
 func (q *qp) progress(psn uint32) {
 	q.retries = int(q.attr.RetryCnt)
 	q.rnrRetries = int(q.attr.RNRRetry)
-	now := q.dev.clock.Now()
+	now := q.dev.rxNow
 	q.lastProgress = now
 	q.gapSet = false
 	q.early = false

@@ -21,10 +21,15 @@ type respState struct {
 	wrPos     int
 
 	// One control packet (ACK or NAK) owed, sent after any READ
-	// responses so that responses stay in PSN order.
-	ctl    bool
-	ctlSyn uint8
-	ctlPSN uint32
+	// responses so that responses stay in PSN order. ackLater marks a
+	// plain ACK that may wait for a carrier (see queueAckLater);
+	// sinceAck counts the request packets executed since the last
+	// control packet was built.
+	ctl      bool
+	ackLater bool
+	ctlSyn   uint8
+	ctlPSN   uint32
+	sinceAck int
 
 	reads   []readResp // READ and atomic responses to send, in PSN order
 	atomics [16]atomicResult
@@ -53,10 +58,32 @@ type atomicResult struct {
 func psnDiff(a, b uint32) int32 { return int32((a-b)<<8) >> 8 }
 
 func (q *qp) queueCtl(syn uint8, psn uint32) {
-	q.r.ctl, q.r.ctlSyn, q.r.ctlPSN = true, syn, psn&psnMask
+	q.r.ctl, q.r.ackLater, q.r.ctlSyn, q.r.ctlPSN = true, false, syn, psn&psnMask
 }
 
 func (q *qp) queueAck() { q.queueCtl(synACK|creditsInvalid, q.r.ePSN-1) }
+
+// ackDeferMax bounds the request packets a deferred ACK may leave
+// unacknowledged; past it the ACK goes out at once.
+const ackDeferMax = 16
+
+// queueAckLater owes an ACK for a packet that completed a receive. The
+// ACK need not leave at once (the IBA lets a responder coalesce ACKs: one
+// covers every PSN up to it): it rides behind the next request packets
+// this QP sends (the user's reply to the completion, usually), or leaves
+// at the device's next progress pass or within ackDeferBound, whichever
+// comes first (device.deferAck). An owed NAK or immediate ACK, or more
+// than ackDeferMax packets unacknowledged, keep it immediate.
+func (q *qp) queueAckLater() {
+	r := &q.r
+	if (r.ctl && !r.ackLater) || r.sinceAck > ackDeferMax {
+		q.queueAck()
+		return
+	}
+	q.queueAck()
+	r.ackLater = true
+	q.dev.deferAck(q)
+}
 
 // responderInput handles a request packet (SEND, WRITE, READ, atomic) in
 // the order of the IBA responder: PSN, opcode sequence, access, length,
@@ -139,11 +166,18 @@ func (q *qp) responderInput(p *packet) {
 	}
 	r.ePSN = (r.ePSN + 1) & psnMask
 	r.nakSent = false
+	r.sinceAck++
 	if last {
 		r.msn = (r.msn + 1) & psnMask
 	}
 	if p.bth.ackReq {
-		q.queueAck()
+		if last && f&(fSend|fImm) != 0 {
+			// A completion the user polls: the reply it provokes
+			// carries the ACK.
+			q.queueAckLater()
+		} else {
+			q.queueAck()
+		}
 	}
 }
 

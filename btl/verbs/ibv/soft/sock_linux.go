@@ -259,13 +259,15 @@ func (s *sock) send(ts *txState, b *txBatch) (int, error) {
 	return sent, nil
 }
 
-// rxState is the receive goroutine's batch of buffers.
+// rxState is the receive goroutine's batch of buffers. One recvmmsg
+// offers limit of them (setLimit).
 type rxState struct {
 	bufs  [][]byte
 	msgs  []unix.Mmsghdr
 	iovs  []unix.Iovec
 	names []unix.RawSockaddrInet6
 	ctrl  []byte
+	limit int
 }
 
 func newRxState(n, bufSize int) *rxState {
@@ -275,6 +277,7 @@ func newRxState(n, bufSize int) *rxState {
 		iovs:  make([]unix.Iovec, n),
 		names: make([]unix.RawSockaddrInet6, n),
 		ctrl:  make([]byte, n*ctrlSpace),
+		limit: n,
 	}
 	mem := make([]byte, n*bufSize)
 	for i := range r.bufs {
@@ -286,7 +289,8 @@ func newRxState(n, bufSize int) *rxState {
 // recv waits for at least one datagram and returns how many arrived
 // (MSG_WAITFORONE: the rest of the batch is what is already queued).
 func (s *sock) recv(r *rxState, wait bool) (int, error) {
-	for i := range r.msgs {
+	msgs := r.msgs[:r.limit]
+	for i := range msgs {
 		r.iovs[i] = unix.Iovec{Base: &r.bufs[i][0]}
 		r.iovs[i].SetLen(len(r.bufs[i]))
 		h := &r.msgs[i].Hdr
@@ -305,7 +309,7 @@ func (s *sock) recv(r *rxState, wait bool) (int, error) {
 	}
 	for {
 		n, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(s.fd),
-			uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(len(r.msgs)), uintptr(flags), 0, 0)
+			uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)), uintptr(flags), 0, 0)
 		if e == unix.EINTR {
 			continue
 		}

@@ -20,7 +20,10 @@ type sock struct {
 
 type txState struct{}
 
-type rxState struct{ msgs []struct{} }
+type rxState struct {
+	msgs  []struct{}
+	limit int
+}
 
 func newTxState(int) *txState         { return &txState{} }
 func newRxState(n, size int) *rxState { return &rxState{} }

@@ -26,7 +26,10 @@
 // opcodes) with 24-bit PSNs. The responder checks PSN, opcode sequence,
 // access (the QP's access flags and the MR's), resources and lengths in
 // that order; it answers in-order requests with coalesced ACKs (one per
-// QP per receive batch, for the packets that asked for one), duplicates
+// QP per receive batch, for the packets that asked for one; the ACK of a
+// packet that completed a receive waits for a carrier: it leaves behind
+// the QP's next request packets, at the device's next progress pass, or
+// after 100 us, whichever comes first), duplicates
 // with a repeated ACK or, for READ, a repeated response, a PSN gap with
 // one sequence-error NAK, a missing receive with an RNR NAK carrying the
 // QP's min_rnr_timer, and errors with the NAK of their class, after which
@@ -62,8 +65,9 @@
 // # Progress
 //
 // A receive goroutine per device is woken by Go's network poller, and a
-// poller of an empty CQ does the same work itself (one non-blocking pass
-// over the socket and one QP of the transmit worker's list): a user
+// poller of an empty CQ does the same work itself (the deferred ACKs, one
+// non-blocking pass over the socket per round of the device's CQs, and
+// one QP of the transmit worker's list): a user
 // spinning on Poll on a busy machine does not wait for the device's
 // goroutines to be scheduled. Posting sends from the caller's goroutine.
 // A transmit worker goroutine per device sends what exceeds a caller's
