@@ -203,6 +203,21 @@ func TestHostDies(t *testing.T) {
 	h.requireHostsEmpty(t)
 }
 
+// TestHostOfRankZeroDies: as TestHostDies, but the host that dies is rank
+// 0's, which holds the connection that relays gorun's standard input (left
+// open here): the job still ends naming that host.
+func TestHostOfRankZeroDies(t *testing.T) {
+	h := newNetHosts(t, 2)
+	r := h.gorunIn(t, 60*time.Second, "--host", "h1,h2", "-np", "2", "--grace", "500ms", "--timeout", "40s", prog("failer"), "stream")
+	r.await(regexp.MustCompile(`rank 1: streaming pid \d+`), 30*time.Second)
+	h.kill("h1")
+	out, code := r.wait()
+	t.Logf("output:\n%s", out)
+	require.NotEqual(t, 0, code, out)
+	require.Regexp(t, `gorun: rank 0 \(pid \d+\) .*gorun daemon on host h1`, out)
+	h.requireHostsEmpty(t)
+}
+
 // TestHostsStdin: gorun's standard input reaches rank 0 (host h1) as it
 // comes, a line at a time, and rank 0 only: rank 1 (host h2) reads
 // nothing. The ranks are shell scripts: rank 0 copies its input.
