@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -352,19 +353,28 @@ func (c *checker) nextFrom(src int) (msg, bool) {
 }
 
 // missing describes the messages addressed to this rank that have not
-// arrived, into rep (at most a few named), and returns their number.
+// arrived, into rep (per source their number and the first few), and
+// returns their number.
 func (c *checker) missing(rep *report) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var n int64
 	for s, l := range c.rd.msgs {
+		var k int
+		var first []string
 		for _, m := range l[c.me] {
 			if !c.seen[s][m.seq] {
-				n++
-				rep.errorf("round %d: message %d from rank %d to rank %d (tag %d, %d B, %s, %s receive) did not arrive",
-					c.rd.n, m.seq, s, c.me, m.tag, m.size, modeNames[m.mode], styleNames[c.rd.styles[c.me]])
+				k++
+				if len(first) < 3 {
+					first = append(first, fmt.Sprintf("%d (tag %d, %d B, %s)", m.seq, m.tag, m.size, modeNames[m.mode]))
+				}
 			}
 		}
+		if k > 0 {
+			rep.errorf("round %d: %d messages from rank %d to rank %d (%s receive) did not arrive, among them %s",
+				c.rd.n, k, s, c.me, styleNames[c.rd.styles[c.me]], strings.Join(first, ", "))
+		}
+		n += int64(k)
 	}
 	return n
 }
@@ -457,6 +467,9 @@ func runRound(ctx context.Context, c *mpi.Comm, cfg *config, st *rankState, rd *
 		chk.mu.Lock()
 		rep.add(chk.rep)
 		chk.mu.Unlock()
+		if err != nil {
+			chk.missing(rep) // what this rank was still waiting for
+		}
 		return err
 	case <-timer.C:
 		n := chk.missing(rep)
@@ -543,7 +556,7 @@ func roundWork(c *mpi.Comm, cfg *config, st *rankState, rd *round, chk *checker)
 		}
 		s, err := p.req.Wait()
 		if err != nil {
-			recvErr = fmt.Errorf("ready-mode receive from rank %d: %w", p.want.src, err)
+			recvErr = fmt.Errorf("ready-mode receive of message %d from rank %d (%d B): %w", p.want.seq, p.want.src, p.want.size, err)
 			break
 		}
 		chk.arrived(s.Source, s.Tag, p.buf[:s.Count], p.want, true)
@@ -649,7 +662,8 @@ func receive(c *mpi.Comm, cfg *config, st *rankState, rd *round, chk *checker) e
 		for _, p := range ps {
 			s, err := p.req.Wait()
 			if err != nil {
-				return fmt.Errorf("receive from rank %d: %w", p.want.src, err)
+				return fmt.Errorf("%s receive of message %d from rank %d (%d B, tag %d, %s): %w",
+					styleNames[style], p.want.seq, p.want.src, p.want.size, p.want.tag, modeNames[p.want.mode], err)
 			}
 			want := p.want
 			if style == styleAnyTag {
@@ -677,13 +691,19 @@ func receive(c *mpi.Comm, cfg *config, st *rankState, rd *round, chk *checker) e
 			case styleProbe:
 				if s, err = c.Probe(mpi.AnySource, mpi.AnyTag); err == nil {
 					data = st.recvA.alloc(s.Count)
-					s, err = c.Recv(data, s.Source, s.Tag)
+					probed := s
+					if s, err = c.Recv(data, s.Source, s.Tag); err != nil {
+						err = fmt.Errorf("%d B probed from rank %d (tag %d): %w", probed.Count, probed.Source, probed.Tag, err)
+					}
 				}
 			case styleMprobe:
 				var m *mpi.Message
 				if m, s, err = c.Mprobe(mpi.AnySource, mpi.AnyTag); err == nil {
 					data = st.recvA.alloc(s.Count)
-					s, err = m.Recv(data)
+					probed := s
+					if s, err = m.Recv(data); err != nil {
+						err = fmt.Errorf("%d B probed from rank %d (tag %d): %w", probed.Count, probed.Source, probed.Tag, err)
+					}
 				}
 			}
 			if err != nil {
