@@ -232,9 +232,10 @@ func (m *Module) helpPeer(l int) int {
 		return 0
 	}
 	if !p.mapped.Load() {
-		// Its request is the first use: mapping the requester's segment
-		// starts watching its process, so that the copies below never
-		// write into a process that took over a dead requester's pid.
+		// Its request is the first use. Mapping the requester's segment
+		// checks that its pid is still this job's rank (the nonce in the
+		// segment) and starts watching it: once it is seen dead, no chunk
+		// goes to that pid, which another process may take over.
 		p.ep.mu.Lock()
 		m.attach(p)
 		p.ep.mu.Unlock()
