@@ -32,6 +32,7 @@ var ones8 = [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 // added per packet. Its owner reuses it so that no packet allocates.
 type icrcScratch struct {
 	ph    [40 + 8]byte // the masked IP and UDP headers, laid out on a miss
+	bth   [bthLen]byte // the masked BTH (here, not on the stack: it would escape to crc32)
 	cache [icrcCacheLen]icrcHead
 	next  int // the entry a miss replaces
 }
@@ -66,7 +67,7 @@ func (s *icrcScratch) start(f *flow, udpLen int, hdr []byte) uint32 {
 		s.cache[s.next] = icrcHead{f: *f, udpLen: udpLen, crc: c, valid: true}
 		s.next = (s.next + 1) % icrcCacheLen
 	}
-	var b [bthLen]byte
+	b := &s.bth
 	copy(b[:], hdr[:bthLen])
 	b[4] = 0xff // FECN, BECN and the six reserved bits
 	return crc32.Update(c, crc32.IEEETable, b[:])
