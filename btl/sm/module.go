@@ -118,20 +118,19 @@ type peerSlot struct {
 // segment is mapped on first use (attach): the first operation on its
 // endpoint, or the first fragment it sends us.
 type peer struct {
-	m      *Module
-	local  int
-	rank   int
-	pid    int
-	ep     *endpoint
-	entry  wireEntry // its store entry: where its segment is
-	cmaErr error     // why Put/Get to it are not possible (nil: they are); set before it is recorded
+	m     *Module
+	local int
+	rank  int
+	pid   int
+	ep    *endpoint
 
 	// Set once, by attach with ep.mu and m.mapMu held, then mapped is
 	// stored: read them with ep.mu held or after mapped.Load(). Until
 	// then state points at unmappedState, so that the state check of
 	// every operation (usable) is also the check that the segment is
-	// mapped, and the other fields are nil.
-	mapped    atomic.Bool
+	// mapped, and the other fields are nil. The fields the data path
+	// reads come first: behind mapped and entry they cost recvFrag 3
+	// instructions a fragment (callgrind, 4 KiB ping-pong).
 	seg       []byte // the peer's segment (nil until mapped, and after Close)
 	lay       layout // validated copy of its layout
 	fifo      fifo
@@ -141,10 +140,15 @@ type peer struct {
 	helpPosts *atomic.Uint64
 	watch     *sys.PidWatch
 
+	cmaErr error // why Put/Get to it are not possible (nil: they are); set before it is recorded
+
 	failed   atomic.Pointer[error] // why it failed (dead, broke the protocol); set once
 	closed   atomic.Bool           // it closed its module
 	reported bool                  // guarded by m.pollMu: PeerFailed was called
 	rx       *rxBox                // guarded by m.pollMu: its fast box to us
+
+	mapped atomic.Bool // seg and the fields after it are set
+	entry  wireEntry   // its store entry: where its segment is
 }
 
 func (p *peer) failure() error {
