@@ -29,7 +29,7 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 	}
 	e.mu.Lock()
 	if e.closed == nil {
-		if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, p.world) && e.deliverInOrderLocked(c, m.Src, m.Tag, m.Seq, p, data) {
+		if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, p.world) && e.deliverInOrderLocked(c, &m, p, data) {
 			due := len(e.grants) != 0
 			e.mu.Unlock()
 			if due {
@@ -120,7 +120,7 @@ func (e *Engine) admitLocked(ep btl.Endpoint, f *frag, inOrderTried bool) {
 		e.protocolError(ep, "source rank %d does not belong to rank %d in context %d", f.m.Src, ep.Peer(), f.m.Ctx)
 		return
 	}
-	if !inOrderTried && f.typ == hdr.TypeMatch && e.deliverInOrderLocked(c, f.m.Src, f.m.Tag, f.m.Seq, f.peer, f.data) {
+	if !inOrderTried && f.typ == hdr.TypeMatch && e.deliverInOrderLocked(c, &f.m, f.peer, f.data) {
 		e.unlockFlush()
 		return
 	}
@@ -152,55 +152,15 @@ func (c *Comm) fromRank(src int32, world int) bool {
 	return int(src) >= 0 && int(src) < len(c.group) && c.group[src] == world
 }
 
-// deliverInOrderLocked is the common case of a MATCH fragment (source,
-// tag and sequence number of its header), without the general path's
-// copies: eager data from peer p for communicator c, in sequence with
-// nothing waiting behind it, for a posted receive (not a probe). It
-// reports whether it delivered; false changes nothing. The source is
-// checked against c's group by the caller. Called with e.mu held.
-func (e *Engine) deliverInOrderLocked(c *Comm, src32, tag32 int32, seq uint16, p *peer, data []byte) bool {
-	ps := &c.seqs[src32]
-	if seq != ps.expect || ps.ooo != nil {
-		return false
-	}
-	src, tag := int(src32), int(tag32)
-	r := c.m.takeFirst(src, tag)
-	if r == nil {
-		return false
-	}
-	ps.expect++
-	if ps.expect == ps.grantAt { // the sender's window is due to grow (flow.go)
-		e.grantDueLocked(c, src32)
-	}
-	if r.buf.Conv != nil || len(data) > len(r.buf.Bytes) || e.countStats {
-		e.deliverEager(r, p, src, tag, data)
-		return true
-	}
-	// A receive whose message fits, in place: the data and the result
-	// are written, none of deliverEager's bookkeeping, which nobody
-	// reads once the request is done, and a request given back from
-	// here is cleaned by resetPosted.
-	n := copy(r.buf.Bytes, data)
-	r.mpiDone = true
-	r.status = Status{Source: src, Tag: tag, Count: n}
-	// complete's work, written out for this case (no error, a count
-	// that fits the sink): the call with its general result cost 40
-	// instructions a message here (bench/instr.sh).
-	parks := r.parks
-	s := r.sink
-	if s == nil { // a blocking Recv's, say: its poster resets it before reuse
-		r.done.Store(r.gen + 1)
-		r.notify(parks)
-		return true
-	}
-	s.Source, s.Tag, s.Count = int32(src), int32(tag), uint32(n) // eager data is far below 4 GiB
-	free := s.gone(false)
-	r.notify(parks)
-	if free && r.owned && len(e.free) < freeMax { // poolable: no id, no release
-		r.resetPosted()
-		e.free = append(e.free, r)
-	}
-	return true
+// deliverInOrderLocked is arrive and match for the common case of a MATCH
+// fragment m: eager data from peer p, in sequence with nothing parked
+// behind it, for a posted receive (not a probe) of m's communicator c,
+// delivered by deliverEager. It reports whether it delivered; false
+// changes nothing (the caller then admits a frag the general way). The
+// source is checked against c's group by the caller. Called with e.mu
+// held.
+func (e *Engine) deliverInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byte) bool {
+	return c.deliverEager(nil, m.Src, m.Tag, m.Seq, p, data)
 }
 
 // onMatchingRun takes a run of MATCH fragments from one endpoint (a
@@ -221,7 +181,7 @@ func (e *Engine) onMatchingRun(ep btl.Endpoint, hdrs, datas [][]byte) {
 	e.mu.Lock()
 	for i, b := range hdrs {
 		if known && e.closed == nil && m.DecodeMatch(b) {
-			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, r) && e.deliverInOrderLocked(c, m.Src, m.Tag, m.Seq, p, datas[i]) {
+			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, r) && e.deliverInOrderLocked(c, &m, p, datas[i]) {
 				continue
 			}
 		}
@@ -310,7 +270,7 @@ func (e *Engine) match(c *Comm, f *frag, copied bool) {
 // once; a rendezvous is queued to be started outside the lock. e.mu held.
 func (e *Engine) deliver(r *Request, f *frag) {
 	if f.typ == hdr.TypeMatch {
-		e.deliverEager(r, f.peer, int(f.m.Src), int(f.m.Tag), f.data)
+		r.comm.deliverEager(r, f.m.Src, f.m.Tag, f.m.Seq, f.peer, f.data)
 		return
 	}
 	r.msgLen = f.msgLen
@@ -346,9 +306,66 @@ func (e *Engine) deliver(r *Request, f *frag) {
 	e.toStart = append(e.toStart, r)
 }
 
-// deliverEager stores an eager message (a MATCH fragment's data) into
-// receive r and completes it. e.mu held.
-func (e *Engine) deliverEager(r *Request, p *peer, src, tag int, data []byte) {
+// deliverEager stores eager data (a MATCH fragment's, with source, tag
+// and sequence number of its header) from peer p into receive r of c and
+// completes it. With r nil it is arrive's and match's common case first
+// (deliverInOrderLocked): the fragment must be in sequence with nothing
+// parked behind it and find a posted receive, not a probe; otherwise it
+// returns false with nothing changed.
+//
+// A message that fits a receive of contiguous bytes is stored and
+// completed here: the data and the result, none of the bookkeeping that
+// finishRecvLocked reads (nobody reads it of an eager receive once it is
+// done), and complete's work written out for a result with no error and
+// a count that fits the sink (the call costs 40 instructions a message,
+// bench/instr.sh); a request given back from here is cleaned by
+// resetPosted. Finding and storing are one function, on registers: split
+// in two (a call between them) they cost 15-20 instructions a message
+// more. e.mu held.
+func (c *Comm) deliverEager(r *Request, src32, tag32 int32, seq uint16, p *peer, data []byte) bool {
+	e := c.e
+	src, tag := int(src32), int(tag32)
+	if r == nil {
+		ps := &c.seqs[src32]
+		if seq != ps.expect || ps.ooo != nil {
+			return false
+		}
+		if r = c.m.takeFirst(src, tag); r == nil {
+			return false
+		}
+		ps.expect++
+		if ps.expect == ps.grantAt { // flowCheckLocked: nothing is parked, so expect just reached it
+			e.grantDueLocked(c, src32)
+		}
+	}
+	if r.buf.Conv != nil || len(data) > len(r.buf.Bytes) || e.countStats {
+		e.deliverCopy(r, p, src, tag, data)
+		return true
+	}
+	n := copy(r.buf.Bytes, data)
+	r.mpiDone = true
+	r.status = Status{Source: src, Tag: tag, Count: n}
+	parks := r.parks
+	s := r.sink
+	if s == nil { // a blocking Recv's, say: its poster resets it before reuse
+		r.done.Store(r.gen + 1)
+		r.notify(parks)
+		return true
+	}
+	s.Source, s.Tag, s.Count = int32(src), int32(tag), uint32(n) // eager data is far below 4 GiB
+	free := s.gone(false)
+	r.notify(parks)
+	if free && r.owned && len(e.free) < freeMax { // poolable: no id, no release
+		r.resetPosted()
+		e.free = append(e.free, r)
+	}
+	return true
+}
+
+// deliverCopy is deliverEager for a message that does not fit r's bytes
+// (a convertor, a truncation) or with statistics to count: the general
+// storing and completion. e.mu held.
+func (e *Engine) deliverCopy(r *Request, p *peer, src, tag int, data []byte) {
 	r.msgLen = len(data)
 	r.peerWorld = p.world
 	r.ep = p.ep

@@ -510,11 +510,11 @@ func (r *Request) reset() {
 	r.reqState = reqState{ranges: r.ranges[:0]}
 }
 
-// resetPosted is reset for a request taken from the free list, posted by
-// postPlain and completed by deliverInOrderLocked's sink path, which
-// between them write only the fields cleared here (a Wait may have stored
-// w): 29 instructions against reset's 68 (bench/instr.sh). Tests check
-// that it leaves r as reset would (SetResetCheck).
+// resetPosted is reset for a receive from the free list completed by
+// deliverEager, which with posting (postPlain, postRecv) writes only the
+// fields cleared here (a Wait may have stored w): 29 instructions against
+// reset's 68 (bench/instr.sh). Tests check that it leaves r as reset
+// would (SetResetCheck).
 func (r *Request) resetPosted() {
 	r.gen++
 	if r.w.Load() != nil {
