@@ -1,12 +1,14 @@
-// Command gorun starts a gompi job on this host:
+// Command gorun starts a gompi job on this host, or with --host/--hostfile
+// on several (one gorun daemon per host, started by the launch agent):
 //
 //	gorun -np N [flags] PROGRAM [ARGS...]
 //
 // PROGRAM is an executable (a path, or a name looked up in PATH), a Go main
 // package directory, a .go file, or a Go package path; gorun builds Go
 // sources first. gorun serves the job's wire-up store, forwards the ranks'
-// output line by line, its standard input to rank 0 and SIGINT/SIGTERM to
-// every rank, and stops the job when a rank fails.
+// output line by line, its standard input to rank 0 (on whichever host it
+// runs) and SIGINT/SIGTERM to every rank, and stops the job when a rank
+// fails.
 //
 // Exit status: 0 when every rank exited 0; otherwise the status of the first
 // rank that failed (128+n for death by signal n, 1 for exiting without
