@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/pml"
@@ -16,77 +15,9 @@ type Comm struct {
 	in   *instance
 	pc   *pml.Comm
 	coll sync.Mutex // one collective operation at a time on this communicator
-	// sent is the request of the last send that completed within its
-	// Isend: see sentRequest.
-	sent atomic.Pointer[Request]
-	// slab hands out the Requests of sends that did not complete at once
-	// and of Irecvs the PML's common path did not take: see newReq.
-	slab atomic.Pointer[reqSlab]
-	// rslab and rnext hand out those of the Irecvs it took, with no
-	// atomic: only allocSink touches them, called by the engine with its
-	// lock held (pml.Comm.IrecvAlloc). alloc is allocSink, made once.
-	rslab *reqSlab
-	rnext int
-	// rfree holds Requests given back by WaitallRelease, which allocSink
-	// hands out before rslab's; guarded by the engine's lock, as rslab.
-	rfree []*Request
-	alloc func() *pml.Sink
 }
 
-func newComm(in *instance, pc *pml.Comm) *Comm {
-	c := &Comm{in: in, pc: pc}
-	c.alloc = c.allocSink
-	return c
-}
-
-// allocSink returns the sink of a zero Request from rslab, in sink mode:
-// the Request is the sink's container. Called with the engine's lock
-// held. Taking Irecv's Request here saves the slab's atomic add, a locked
-// instruction per Irecv.
-func (c *Comm) allocSink() *pml.Sink {
-	var r *Request
-	if n := len(c.rfree); n > 0 {
-		r = c.rfree[n-1]
-		c.rfree[n-1] = nil
-		c.rfree = c.rfree[:n-1]
-		*r = Request{}
-	} else {
-		if c.rslab == nil || c.rnext == len(c.rslab.reqs) {
-			c.rslab, c.rnext = new(reqSlab), 0
-		}
-		r = &c.rslab.reqs[c.rnext]
-		c.rnext++
-	}
-	r.s.State.Init(sinkBit | releasableBit)
-	return &r.s
-}
-
-// reqSlab is a block of Requests handed out in order.
-type reqSlab struct {
-	next atomic.Int32
-	reqs [64]Request
-}
-
-// newReq returns a zero Request from the communicator's slab, one
-// allocation per 64 requests instead of one each: a nonblocking call's
-// allocation was 16% of the receiving rank's time in gompi-bench rate 8 B
-// (perf). A slab stays in memory while any of its requests is referenced
-// (2 KiB held by one kept Request).
-func (c *Comm) newReq() *Request {
-	for {
-		s := c.slab.Load()
-		if s != nil {
-			if i := s.next.Add(1) - 1; int(i) < len(s.reqs) {
-				return &s.reqs[i]
-			}
-		}
-		ns := new(reqSlab)
-		ns.next.Store(1)
-		if c.slab.CompareAndSwap(s, ns) {
-			return &ns.reqs[0]
-		}
-	}
-}
+func newComm(in *instance, pc *pml.Comm) *Comm { return &Comm{in: in, pc: pc} }
 
 // Rank returns the calling rank's number in c (0..Size-1); -1 for an invalid communicator.
 func (c *Comm) Rank() int {
@@ -276,12 +207,12 @@ func (c *Comm) Ibsend(buf any, dest, tag int) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := c.pc.Isend(pml.Buffer{Bytes: packed}, dest, tag, pml.Buffered, release)
+	h, err := c.pc.IsendHandle(pml.Buffer{Bytes: packed}, dest, tag, pml.Buffered, release)
 	if err != nil {
 		release()
 		return nil, err
 	}
-	return newRequest(r), nil
+	return (*Request)(h), nil
 }
 
 func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
@@ -296,74 +227,31 @@ func (c *Comm) isend(buf any, dest, tag int, mode pml.Mode) (*Request, error) {
 	if dest == ProcNull {
 		return doneRequest(Status{Source: ProcNull, Tag: tag}), nil
 	}
-	r, err := c.pc.IsendNow(pml.Buffer{Bytes: mem, Conv: conv}, dest, tag, mode)
+	h, err := c.pc.IsendHandle(pml.Buffer{Bytes: mem, Conv: conv}, dest, tag, mode, nil)
 	if err != nil {
 		return nil, err
 	}
-	if r == nil { // sent at once
-		n := len(mem)
-		if conv != nil {
-			n = conv.Size()
-		}
-		return c.sentRequest(dest, tag, n), nil
-	}
-	rq := c.newReq()
-	rq.p = r
-	return rq, nil
-}
-
-// sentRequest returns a request done at once with the status of a send of
-// n bytes to dest with tag. Such a request never changes (no call on it
-// writes to it), so one can stand for every such send with the same
-// status: a loop of eager Isends to one peer allocates nothing, as Open
-// MPI returns one shared completed request for them. The communicator
-// keeps the last one made.
-func (c *Comm) sentRequest(dest, tag, n int) *Request {
-	if d := c.sent.Load(); d != nil && d.s.Extra == nil && int(d.s.Source) == dest && int(d.s.Tag) == tag && int(d.s.Count) == n {
-		return d
-	}
-	d := doneRequest(Status{Source: dest, Tag: tag, Count: n})
-	c.sent.Store(d)
-	return d
+	return (*Request)(h), nil
 }
 
 // Irecv starts a receive; buf must not be touched until the request completes.
 func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
-	// Bytes from a specific source with a valid tag, the common case, on
-	// a straight line; the rest is irecv's.
-	if mem, plain := buf.([]byte); plain && c.fast(source, tag) {
-		if pr, s := c.pc.IrecvAlloc(mem, source, tag, c.alloc); pr != nil {
-			r := requestOfSink(s)
-			r.p = pr
-			return r, nil
+	mem, plain := buf.([]byte)
+	var conv pml.Convertor
+	if !plain || !c.fast(source, tag) {
+		var err error
+		if mem, conv, err = c.args(buf, source, tag, false); err != nil {
+			return nil, err
 		}
-		return c.irecvSink(pml.Buffer{Bytes: mem}, source, tag)
-	}
-	return c.irecv(buf, source, tag)
-}
-
-func (c *Comm) irecv(buf any, source, tag int) (*Request, error) {
-	mem, conv, err := c.args(buf, source, tag, false)
-	if err != nil {
-		return nil, err
 	}
 	if source == ProcNull {
 		return doneRequest(nullStatus), nil
 	}
-	return c.irecvSink(pml.Buffer{Bytes: mem, Conv: conv}, source, tag)
-}
-
-// irecvSink posts the receive with a sink in a new Request.
-func (c *Comm) irecvSink(buf pml.Buffer, source, tag int) (*Request, error) {
-	// The sink gets the result: sink mode, set before IrecvSink shares r.
-	r := c.newReq()
-	r.s.State.Init(sinkBit)
-	pr, err := c.pc.IrecvSink(buf, source, tag, &r.s)
+	h, err := c.pc.IrecvHandle(pml.Buffer{Bytes: mem, Conv: conv}, source, tag)
 	if err != nil {
 		return nil, err
 	}
-	r.p = pr
-	return r, nil
+	return (*Request)(h), nil
 }
 
 // Probe blocks until a message from source with tag can be received and
@@ -455,7 +343,7 @@ func (m *Message) Irecv(buf any) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newRequest(r), nil
+	return (*Request)(pml.HandleOf(r)), nil
 }
 
 // Abort ends every rank of the job: in-process (Run), every rank's pending

@@ -415,6 +415,16 @@ type Comm struct {
 	// (FailureAck). Both guarded by e.mu (ft.go).
 	failed []int
 	nacked int
+
+	// The Handles of nonblocking calls (handle.go): hslab for any call;
+	// rslab, rnext and kept (given back by KeepHandles) for the Irecvs
+	// postPlain posts, guarded by e.mu; sent, the last send done within
+	// its call (sentHandle).
+	hslab atomic.Pointer[handleSlab]
+	rslab *handleSlab
+	rnext int
+	kept  []*Handle
+	sent  atomic.Pointer[Handle]
 }
 
 type procSeq struct {

@@ -36,10 +36,24 @@ func (c *Comm) checkSlow() error {
 // Irecv posts a receive into buf from communicator rank src (or AnySource)
 // with tag (or AnyTag). The caller validated src and tag.
 func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
+	return c.IrecvSink(buf, src, tag, nil)
+}
+
+// IrecvSink is Irecv whose result goes into s when s is not nil (see
+// Sink); s.State must hold SinkMode and nothing else. The request
+// returned must not be used once s is gone: it may be back in the free
+// list. Irecv, IrecvSink and IrecvHandle post by postPlain when they can,
+// else by postRecv.
+func (c *Comm) IrecvSink(buf Buffer, src, tag int, s *Sink) (*Request, error) {
+	if buf.Conv == nil {
+		if r, _ := c.postPlain(nil, buf.Bytes, src, tag, s, false); r != nil {
+			return r, nil
+		}
+	}
 	// buf's fields go on separately: a Buffer (40 bytes) passed on whole
 	// is copied through memory with stalling wide loads (perf annotate:
 	// most of this function's time).
-	return c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv, nil)
+	return c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv, s)
 }
 
 // Recv is a blocking receive; it allocates nothing for an eager message.
@@ -49,7 +63,7 @@ func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	r.parks = e.parksOnly() // Wait parks at once (spinWait)
 	var posted *Request
 	if buf.Conv == nil {
-		posted, _ = c.postPlain(r, buf.Bytes, src, tag, nil, nil)
+		posted, _ = c.postPlain(r, buf.Bytes, src, tag, nil, false)
 	}
 	if posted == nil {
 		if _, err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv, nil); err != nil {
@@ -115,12 +129,11 @@ func (e *Engine) putSpare(r *Request) {
 // receive of contiguous bytes from a specific source and tag, with
 // nothing unexpected, failed, closed or to start in the way. r is a clean
 // request, or nil for one from the free list (an Irecv's, which counts
-// for yieldEvery). The sink is s, or when s is nil and alloc is not, one
-// from alloc, called with the lock held once the receive is sure to be
-// posted (IrecvAlloc). It returns the request posted and its sink, or nil
-// with nothing changed when the case does not apply (postRecv then checks
-// it all).
-func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *Sink, alloc func() *Sink) (*Request, *Sink) {
+// for yieldEvery). The sink is s, or with handle a new Handle's, made
+// with the lock held once the receive is sure to be posted (IrecvHandle).
+// It returns the request posted and the new Handle, or nil with nothing
+// changed when the case does not apply (postRecv then checks it all).
+func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *Sink, handle bool) (*Request, *Handle) {
 	e := c.e
 	if uint(src) >= uint(len(c.group)) || tag < 0 {
 		return nil, nil
@@ -138,8 +151,10 @@ func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *Sink, alloc func
 		}
 		r = e.popFreeLocked()
 	}
-	if s == nil && alloc != nil {
-		s = alloc()
+	var h *Handle
+	if handle {
+		h = c.newHandleLocked()
+		s = &h.s
 	}
 	r.kind, r.comm, r.peer, r.tag, r.buf.Bytes, r.sink = kindRecv, c, src, tag, b, s
 	c.m.postSpecific(r)
@@ -148,7 +163,7 @@ func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *Sink, alloc func
 	if yielding {
 		yield()
 	}
-	return r, s
+	return r, h
 }
 
 // setRecv fills in a receive's fields.

@@ -154,7 +154,7 @@ func TestYieldEvery(t *testing.T) {
 // A receive made with a sink (IrecvSink, mpi's Irecv) gets its result
 // written there at completion. With no call of the owner holding the
 // request, the engine gives it back to its free list at once; with one
-// holding it, the sink says so (SinkRecycle) and the holder's Release gives
+// holding it, the sink says so (sinkRecycle) and the holder's Release gives
 // it back, once.
 func TestSinkCompletion(t *testing.T) {
 	cs := selfComms(t, 2)
@@ -189,7 +189,7 @@ func TestSinkCompletion(t *testing.T) {
 	require.Same(t, r1, r2, "taken from the free list")
 	s2.State.Add(1) // a call holds it
 	send(6, 43)
-	require.Equal(t, uint32(SinkMode|SinkGone|SinkRecycle|1), s2.State.Load())
+	require.Equal(t, uint32(SinkMode|SinkGone|sinkRecycle|1), s2.State.Load())
 	require.True(t, r2.Done())
 	gen := r2.gen
 	s2.Release(r2) // the last holder gives it back

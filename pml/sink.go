@@ -5,21 +5,22 @@ import (
 	"sync/atomic"
 )
 
-// Sink is where a nonblocking receive's result goes when its owner gives
-// one (an mpi.Request holds one): the engine writes the result there at
-// completion and, when no call of the owner holds the PML request then,
-// gives the request back to its free list under the lock it holds anyway
-// (one completed elsewhere than at the receive's common ending, by a
-// peer's failure say, with no holder, is left to the collector). The owner
-// reads the result without touching the PML request and with no locked
-// instruction, and gives nothing back itself (Waitall's batch, a
-// compare-and-swap and an add per request before).
+// Sink is where a nonblocking receive's result goes: a Handle's (an
+// mpi.Request's), or one a caller of IrecvSink gives. The engine writes
+// the result there at completion and, when no call holds the PML request
+// then, gives the request back to its free list under the lock it holds
+// anyway (one completed elsewhere than at the receive's common ending, by
+// a peer's failure say, with no holder, is left to the collector). The
+// owner reads the result without touching the PML request and with no
+// locked instruction, and gives nothing back itself.
 //
-// State is shared with the owner: the number of its calls holding the PML
-// request (SinkUsers), and the flags below. The engine sets SinkGone once
-// the fields hold the result; when calls held the request at that moment
-// it also sets SinkRecycle, and the call whose release finds no holder
-// left and takes that flag gives the request back (Release).
+// State holds the number of calls holding the PML request (sinkUsers)
+// and the flags below; only this package writes it (handle.go for the
+// owner's side), but for a caller of IrecvSink, which takes a hold with
+// State.Add(1) and drops it with Release or ReleaseKeep. The engine sets
+// SinkGone once the fields hold the result; when calls held the request
+// at that moment it also sets sinkRecycle, and the call whose release
+// finds no holder left and takes that flag gives the request back.
 type Sink struct {
 	State       SinkState
 	Source, Tag int32
@@ -31,8 +32,7 @@ type Sink struct {
 type SinkState struct{ v uint32 }
 
 // Init sets the state with an ordinary store, for a Sink nobody else sees
-// yet (the engine sees it once IrecvSink posts it, under the engine's
-// lock): the atomic store it replaces is a locked instruction, one per
+// yet (the engine sees it once it is posted, under the engine's lock): the atomic store it replaces is a locked instruction, one per
 // Irecv.
 func (s *SinkState) Init(v uint32) { s.v = v }
 
@@ -54,15 +54,15 @@ type SinkExtra struct {
 // Bits of Sink.State.
 const (
 	SinkGone      = 1 << 31 // the result is in the sink
-	SinkTaken     = 1 << 30 // the owner's: a call takes the result (requests without a sink)
-	SinkCancelled = 1 << 29 // the result's Status.Cancelled
-	SinkRecycle   = 1 << 28 // gone while held: the last holder gives the PML request back
-	SinkMode      = 1 << 27 // the owner's: the request was made with a sink
-	SinkOwner     = 1 << 26 // the owner's to use as it likes: the engine neither sets nor reads it
-	SinkUsers     = SinkOwner - 1
+	sinkTaken     = 1 << 30 // a call takes the result (a Handle without a sink: sends, say)
+	sinkCancelled = 1 << 29 // the result's Status.Cancelled
+	sinkRecycle   = 1 << 28 // gone while held: the last holder gives the PML request back
+	SinkMode      = 1 << 27 // the engine writes the result (a receive's)
+	sinkReusable  = 1 << 26 // a Handle of newHandleLocked, which KeepHandles may take back
+	sinkUsers     = sinkReusable - 1
 )
 
-// Store writes st and err into s (the owner's side uses it for requests
+// Store writes st and err into s (a Handle's finishTakenKeep for calls
 // without a sink; the engine's is complete).
 func (s *Sink) Store(st Status, err error) {
 	s.Source, s.Tag = int32(st.Source), int32(st.Tag)
@@ -75,7 +75,7 @@ func (s *Sink) Store(st Status, err error) {
 
 // Result returns the result stored in s (valid once SinkGone was seen).
 func (s *Sink) Result() (Status, error) {
-	st := Status{Source: int(s.Source), Tag: int(s.Tag), Count: int(s.Count), Cancelled: s.State.Load()&SinkCancelled != 0}
+	st := Status{Source: int(s.Source), Tag: int(s.Tag), Count: int(s.Count), Cancelled: s.State.Load()&sinkCancelled != 0}
 	if x := s.Extra; x != nil {
 		st.Count = x.Count
 		return st, x.Err
@@ -85,20 +85,20 @@ func (s *Sink) Result() (Status, error) {
 
 // gone marks s gone (and cancelled); it reports whether no call held the
 // PML request, which the engine may then give back itself. Otherwise the
-// last holder will (SinkRecycle).
+// last holder will (sinkRecycle).
 func (s *Sink) gone(cancelled bool) bool {
 	add := uint32(SinkGone)
 	if cancelled {
-		add |= SinkCancelled
+		add |= sinkCancelled
 	}
 	for {
 		old := s.State.Load()
 		nw := old | add
-		if old&SinkUsers != 0 {
-			nw |= SinkRecycle
+		if old&sinkUsers != 0 {
+			nw |= sinkRecycle
 		}
 		if s.State.CompareAndSwap(old, nw) {
-			return old&SinkUsers == 0
+			return old&sinkUsers == 0
 		}
 	}
 }
@@ -117,42 +117,10 @@ func (s *Sink) Release(r *Request) {
 // to give back with others (Engine.RecycleAll: the engine's free list,
 // which its Irecvs take from, rather than the sync.Pool).
 func (s *Sink) ReleaseKeep(r *Request) *Request {
-	if v := s.State.Add(^uint32(0)); v&SinkUsers == 0 && v&SinkRecycle != 0 {
-		if s.State.And(^uint32(SinkRecycle))&SinkRecycle != 0 {
+	if v := s.State.Add(^uint32(0)); v&sinkUsers == 0 && v&sinkRecycle != 0 {
+		if s.State.And(^uint32(sinkRecycle))&sinkRecycle != 0 {
 			return r
 		}
 	}
 	return nil
 }
-
-// IrecvSink is Irecv whose result goes into s (see Sink); s.State must
-// hold SinkMode and nothing else but SinkOwner. The request returned must
-// not be used once s is gone: it may be back in the free list.
-func (c *Comm) IrecvSink(buf Buffer, src, tag int, s *Sink) (*Request, error) {
-	if buf.Conv == nil {
-		if r, _ := c.postPlain(nil, buf.Bytes, src, tag, s, nil); r != nil {
-			return r, nil
-		}
-	}
-	return c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv, s)
-}
-
-// IrecvAlloc is IrecvSink's common case (a receive of contiguous bytes
-// from a specific source and tag with nothing in the way) for an owner
-// whose sinks come from alloc: the engine calls alloc with its lock held,
-// once the receive is sure to be posted, so that calls for one
-// communicator never overlap and alloc needs no atomic of its own
-// (LockAlloc holds the same lock). The sink returned must hold
-// SinkMode and nothing else but SinkOwner. It returns the request and its
-// sink, or nil, nil with nothing done when the case does not apply
-// (IrecvSink then takes it).
-func (c *Comm) IrecvAlloc(b []byte, src, tag int, alloc func() *Sink) (*Request, *Sink) {
-	return c.postPlain(nil, b, src, tag, nil, alloc)
-}
-
-// LockAlloc and UnlockAlloc hold the engine's lock, under which IrecvAlloc
-// calls its allocator: an owner changes the allocator's state between
-// them without a lock of its own. Nothing may call into the engine while
-// it is held.
-func (c *Comm) LockAlloc()   { c.e.mu.Lock() }
-func (c *Comm) UnlockAlloc() { c.e.mu.Unlock() }

@@ -1,0 +1,406 @@
+package pml
+
+import (
+	"context"
+	"sync/atomic"
+)
+
+// Handle is a nonblocking call's request as its caller holds it
+// (mpi.Request is one): the result once the call is done, and until then
+// the PML request behind it. Its state word is read and written here only.
+//
+// A receive's Handle is in sink mode: the engine writes the result into
+// its sink at completion and gives the PML request back itself when no
+// call on the Handle holds it (Sink). Any other Handle's result is copied
+// in by the first call that finds the PML request done, which gives that
+// request back. Calls on one Handle from several goroutines at once stay
+// safe: each holds a use count in the state word while it touches the PML
+// request, and only an unused one is given back (MPI calls waiting twice
+// on one request erroneous; gompi allows it).
+//
+// 32 bytes: the one allocation of a nonblocking call, whose bytes set the
+// garbage collector's pace in a message-rate loop (48 -> 32 bytes raised
+// sm's 8 B rate by 8%). Handles come from per-communicator slabs
+// (Comm.IrecvHandle, Comm.IsendHandle), so a window of calls allocates
+// one slab per 64.
+type Handle struct {
+	s Sink
+	// p is the PML request, set at creation and never changed (nil for a
+	// call done at once); once the sink is gone, p may be back in the
+	// pool (and another's) and is not touched. A plain p saves an atomic
+	// store, a locked instruction, per nonblocking call.
+	p *Request
+}
+
+// handleSlab is a block of Handles handed out in order.
+type handleSlab struct {
+	next atomic.Int32
+	hs   [64]Handle
+}
+
+// maxKept bounds the Handles a communicator keeps for reuse (KeepHandles).
+const maxKept = 1024
+
+// newHandle returns a zero Handle from c's slab: one allocation per 64
+// Handles instead of one each (a nonblocking call's allocation was 16% of
+// the receiving rank's time in gompi-bench rate 8 B, perf). A slab stays
+// in memory while any of its Handles is referenced (2 KiB held by one kept
+// Handle).
+func (c *Comm) newHandle() *Handle {
+	for {
+		s := c.hslab.Load()
+		if s != nil {
+			if i := s.next.Add(1) - 1; int(i) < len(s.hs) {
+				return &s.hs[i]
+			}
+		}
+		ns := new(handleSlab)
+		ns.next.Store(1)
+		if c.hslab.CompareAndSwap(s, ns) {
+			return &ns.hs[0]
+		}
+	}
+}
+
+// newHandleLocked returns a zero receive Handle in sink mode, reusable
+// (KeepHandles), for an Irecv that postPlain posts: one KeepHandles gave
+// back, or the next of rslab's. e.mu held, which is what makes it safe
+// without newHandle's atomic add, a locked instruction per Irecv.
+func (c *Comm) newHandleLocked() *Handle {
+	var h *Handle
+	if n := len(c.kept); n > 0 {
+		h = c.kept[n-1]
+		c.kept[n-1] = nil
+		c.kept = c.kept[:n-1]
+		*h = Handle{}
+	} else {
+		if c.rslab == nil || c.rnext == len(c.rslab.hs) {
+			c.rslab, c.rnext = new(handleSlab), 0
+		}
+		h = &c.rslab.hs[c.rnext]
+		c.rnext++
+	}
+	h.s.State.Init(SinkMode | sinkReusable)
+	return h
+}
+
+// IrecvHandle is Irecv whose request the caller holds as a Handle (see
+// Handle): mpi.Comm.Irecv's one call into the PML.
+func (c *Comm) IrecvHandle(buf Buffer, src, tag int) (*Handle, error) {
+	if buf.Conv == nil {
+		if r, h := c.postPlain(nil, buf.Bytes, src, tag, nil, true); r != nil {
+			h.p = r
+			return h, nil
+		}
+	}
+	// The sink gets the result: sink mode, set before postRecv shares h.
+	h := c.newHandle()
+	h.s.State.Init(SinkMode)
+	r, err := c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv, &h.s)
+	if err != nil {
+		return nil, err
+	}
+	h.p = r
+	return h, nil
+}
+
+// IsendHandle is Isend whose request the caller holds as a Handle:
+// mpi.Comm's one call into the PML for a nonblocking send. A message sent
+// within the call (IsendNow) gets a Handle done at once, shared by the
+// sends with the same status (sentHandle); release is Isend's (buffered
+// mode), and such a send does not try IsendNow's immediate way.
+func (c *Comm) IsendHandle(buf Buffer, dest, tag int, mode Mode, release func()) (*Handle, error) {
+	var r *Request
+	var err error
+	if release == nil {
+		r, err = c.IsendNow(buf, dest, tag, mode)
+		if err == nil && r == nil {
+			return c.sentHandle(dest, tag, buf.Len()), nil
+		}
+	} else {
+		r, err = c.Isend(buf, dest, tag, mode, release)
+	}
+	if err != nil {
+		return nil, err
+	}
+	h := c.newHandle()
+	h.p = r
+	return h, nil
+}
+
+// sentHandle returns a Handle done at once with the status of a send of n
+// bytes to dest with tag. Such a Handle never changes (no call on it
+// writes to it), so one can stand for every such send with the same
+// status: a loop of eager Isends to one peer allocates nothing, as Open
+// MPI returns one shared completed request for them. The communicator
+// keeps the last one made.
+func (c *Comm) sentHandle(dest, tag, n int) *Handle {
+	if d := c.sent.Load(); d != nil && d.s.Extra == nil && int(d.s.Source) == dest && int(d.s.Tag) == tag && int(d.s.Count) == n {
+		return d
+	}
+	d := DoneHandle(Status{Source: dest, Tag: tag, Count: n})
+	c.sent.Store(d)
+	return d
+}
+
+// HandleOf returns a Handle for r, a request the caller made and hands
+// over (Mrecv's, say).
+func HandleOf(r *Request) *Handle { return &Handle{p: r} }
+
+// DoneHandle returns a Handle done with status st.
+func DoneHandle(st Status) *Handle {
+	h := &Handle{}
+	h.s.Store(st, nil)
+	if st.Cancelled {
+		h.s.State.Init(sinkCancelled)
+	}
+	return h
+}
+
+// KeepHandles gives back Handles that no call, nor the engine, touches
+// any more, for c's later Irecvs (newHandleLocked); it keeps those that
+// IrecvHandle made reusable, done without an error and unheld, and
+// ignores the others. It clears hs.
+func (c *Comm) KeepHandles(hs []*Handle) {
+	n := 0
+	for _, h := range hs {
+		if h != nil && h.s.State.Load() == SinkGone|SinkMode|sinkReusable && h.s.Extra == nil {
+			hs[n] = h
+			n++
+		}
+	}
+	if n > 0 {
+		e := c.e
+		e.mu.Lock()
+		k := min(n, maxKept-len(c.kept))
+		c.kept = append(c.kept, hs[:k]...)
+		e.mu.Unlock()
+	}
+	clear(hs)
+}
+
+// Stored returns the result copied into h; valid once Acquire returned
+// nil.
+func (h *Handle) Stored() (Status, error) { return h.s.Result() }
+
+// Ready returns h's result when it is here without an error and nothing
+// is left to wait for or give back (a send done at once, a receive whose
+// sink the engine filled): read in place, about 30 instructions a request
+// of a rate window against about 100 through WaitAlone (callgrind of
+// gompi-bench rate 8 B under gorun).
+func (h *Handle) Ready() (Status, bool) {
+	if s := h.s.State.Load(); (h.p == nil || s&SinkGone != 0) && h.s.Extra == nil {
+		return Status{Source: int(h.s.Source), Tag: int(h.s.Tag), Count: int(h.s.Count), Cancelled: s&sinkCancelled != 0}, true
+	}
+	return Status{}, false
+}
+
+// Acquire returns the PML request with a use count held (Release drops
+// it), or nil when the result is already here (Stored).
+func (h *Handle) Acquire() *Request {
+	if h.p == nil || h.s.State.Load()&SinkGone != 0 { // gone never ends: no count needed
+		return nil
+	}
+	if h.s.State.Add(1)&SinkGone != 0 {
+		h.Release()
+		return nil
+	}
+	return h.p
+}
+
+// Release drops a use taken by Acquire (giving the PML request back when
+// the engine left that to the last user).
+func (h *Handle) Release() { h.s.Release(h.p) }
+
+// Progress runs the engine of h's PML request once (nothing when the
+// result is already here).
+func (h *Handle) Progress() {
+	if pr := h.Acquire(); pr != nil {
+		pr.Engine().Progress()
+		h.Release()
+	}
+}
+
+// Done reports whether the call completed.
+func (h *Handle) Done() bool {
+	pr := h.Acquire()
+	if pr == nil {
+		return true
+	}
+	d := pr.Done()
+	h.Release()
+	return d
+}
+
+// Result returns the status and error of a Handle known to be done.
+func (h *Handle) Result() (Status, error) {
+	pr := h.Acquire()
+	if pr == nil {
+		return h.Stored()
+	}
+	return h.finish(pr)
+}
+
+// finish takes the result of pr, which is done and held by the caller (a
+// use count), and gives pr back to the pool when nobody else holds it.
+func (h *Handle) finish(pr *Request) (Status, error) {
+	st, back, err := h.finishKeep(pr)
+	if back != nil {
+		recycle(back)
+	}
+	return st, err
+}
+
+// finishKeep is finish that returns pr to the caller to give back (nil
+// when it is not this call's to give back), as finishTakenKeep does.
+func (h *Handle) finishKeep(pr *Request) (Status, *Request, error) {
+	// Sink mode: the engine stores the result (maybe not quite yet: it
+	// marks the sink gone just after completing pr); held, pr is still
+	// ours. Or another call takes the result.
+	if h.s.State.Load()&SinkMode != 0 || h.s.State.Or(sinkTaken)&sinkTaken != 0 {
+		st, err := pr.Result()
+		return st, h.s.ReleaseKeep(pr), err
+	}
+	return h.finishTakenKeep(pr)
+}
+
+// finishTaken stores the result of pr, which is done, taken by this call
+// and held with a use count, and gives pr back when nobody else holds it.
+func (h *Handle) finishTaken(pr *Request) (Status, error) {
+	st, back, err := h.finishTakenKeep(pr)
+	if back != nil {
+		recycle(back)
+	}
+	return st, err
+}
+
+// finishTakenKeep is finishTaken that returns pr to the caller to give
+// back (nil when another call still holds it).
+func (h *Handle) finishTakenKeep(pr *Request) (Status, *Request, error) {
+	st, err := pr.Result()
+	h.s.Store(st, err)
+	// Gone (later calls read st and err) and this call's use dropped, at
+	// once. A call that looks from now on sees gone: once the count is
+	// zero, nobody can reach pr any more.
+	add := uint32(SinkGone - 1)
+	if st.Cancelled {
+		add += sinkCancelled
+	}
+	if h.s.State.Add(add)&sinkUsers == 0 {
+		return st, pr, err
+	}
+	return st, nil, err
+}
+
+// WaitAlone is Wait's common case: no other call on h yet. For a
+// receive's Handle whose sink is gone, the result is read with no locked
+// instruction and nothing to give back. Otherwise this call takes the
+// result (later calls see taken and leave it), with one use held: two
+// locked instructions per request (the swap and finishTakenKeep's add)
+// instead of three (acquire, taken, gone). A wait without a context always
+// ends with the result, so taking it first is safe; a WaitContext may give
+// up, so it takes it at the end. more: the caller has more requests to
+// wait for after this one (Engine.WaitMore). back is the PML request for
+// the caller to give back (Engine.RecycleAll: a Waitall gives them back in
+// batches); ok false: not the common case, nothing done.
+func (h *Handle) WaitAlone(more bool) (st Status, back *Request, ok bool, err error) {
+	pr := h.p
+	if pr == nil { // done at once (an eager send, say): the result is here
+		st, err = h.Stored()
+		return st, nil, true, err
+	}
+	if s := h.s.State.Load(); s&SinkMode != 0 {
+		if s&SinkGone != 0 {
+			st, err = h.Stored()
+			return st, nil, true, err
+		}
+		if pr = h.Acquire(); pr == nil {
+			st, err = h.Stored()
+			return st, nil, true, err
+		}
+		waitFor(pr, more) // without a context it returns once pr is done
+		if h.s.State.Load()&sinkUsers > 1 {
+			pr.Wake() // another goroutine may be parked on pr too
+		}
+		st, back, err = h.finishKeep(pr)
+		return st, back, true, err
+	}
+	if !h.s.State.CompareAndSwap(0, sinkTaken|1) {
+		return Status{}, nil, false, nil
+	}
+	waitFor(pr, more) // without a context it returns once pr is done
+	if h.s.State.Load()&sinkUsers > 1 {
+		pr.Wake() // another goroutine may be parked on pr too
+	}
+	st, back, err = h.finishTakenKeep(pr)
+	return st, back, true, err
+}
+
+// waitFor waits for pr; more: the caller has more requests to wait for
+// after this one (Engine.WaitMore).
+func waitFor(pr *Request, more bool) {
+	if more {
+		pr.Engine().WaitMore(pr)
+	} else {
+		pr.Engine().Wait(nil, pr)
+	}
+}
+
+// Wait blocks until the call completes and returns its result; with a
+// ctx that ends first it returns ctx.Err() and h stays valid. ctx may be
+// nil.
+func (h *Handle) Wait(ctx context.Context) (Status, error) {
+	if ctx == nil {
+		if st, back, ok, err := h.WaitAlone(false); ok {
+			if back != nil {
+				recycle(back)
+			}
+			return st, err
+		}
+	}
+	pr := h.Acquire()
+	if pr == nil {
+		return h.Stored()
+	}
+	if err := pr.Engine().Wait(ctx, pr); err != nil {
+		h.Release()
+		return Status{}, err
+	}
+	// Alone on h (one use, ours, not taken): take it with one swap.
+	if h.s.State.Load()&SinkMode == 0 && h.s.State.CompareAndSwap(1, sinkTaken|1) {
+		return h.finishTaken(pr)
+	}
+	// One completion rings one parked waiter: pass it on when another
+	// goroutine may be parked on pr too.
+	if h.s.State.Load()&sinkUsers > 1 {
+		pr.Wake()
+	}
+	return h.finish(pr)
+}
+
+// Test reports whether the call completed, without blocking; the status
+// and error are valid when done is true.
+func (h *Handle) Test() (Status, bool, error) {
+	pr := h.Acquire()
+	if pr == nil {
+		st, err := h.Stored()
+		return st, true, err
+	}
+	if !pr.Done() {
+		pr.Engine().Progress()
+		if !pr.Done() {
+			h.Release()
+			return Status{}, false, nil
+		}
+	}
+	st, err := h.finish(pr)
+	return st, true, err
+}
+
+// Cancel cancels a receive that has not matched yet (Comm.Cancel).
+func (h *Handle) Cancel() {
+	if pr := h.Acquire(); pr != nil {
+		pr.Comm().Cancel(pr)
+		h.Release()
+	}
+}
