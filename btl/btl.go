@@ -2,11 +2,12 @@
 // sm, tcp, verbs) offers to the point-to-point messaging layer (pml).
 //
 // A transport is a Component. At start-up the job opens every enabled
-// component with an Env; a component returns zero or more Modules (a NIC, a
-// shared-memory segment). For each peer rank the PML asks the modules for an
-// Endpoint and keeps those of the highest exclusivity. Modules describe
-// themselves as data (Caps, Limits, Exclusivity, Latency, Bandwidth); the PML
-// chooses protocols from that data alone.
+// component with an Env (Open); a component returns zero or more Modules (a
+// NIC, a shared-memory segment). For each peer rank Reach asks every module
+// for an Endpoint and chooses the one of the highest exclusivity, which the
+// PML then sends by. Modules describe themselves as data (Caps, Limits,
+// Exclusivity, Latency, Bandwidth); the PML chooses protocols from that data
+// alone.
 //
 // Calls go down as methods; data comes up through one Dispatcher per process
 // instance: a module hands every inbound fragment to the handler registered

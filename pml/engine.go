@@ -176,8 +176,9 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// SetPeer chooses, among the endpoints of the transports that reach world
-// rank r, the one of the highest exclusivity. None is an error wrapping
+// SetPeer sets the endpoint by which the engine sends to world rank r:
+// the one of eps of the highest exclusivity (mpi passes the one endpoint
+// btl.Reach chose; a test may pass several). None is an error wrapping
 // btl.ErrUnreachable.
 func (e *Engine) SetPeer(r int, eps []btl.Endpoint) error {
 	var best btl.Endpoint
