@@ -22,15 +22,14 @@ func (c *Comm) Barrier() error {
 	}
 	n, me := c.Size(), c.Rank()
 	for k := 1; k < n; k *= 2 {
-		r, err := c.pc.Irecv(pml.Buffer{}, (me-k+n)%n, tagBarrier)
+		h, err := c.pc.IrecvHandle(pml.Buffer{}, (me-k+n)%n, tagBarrier)
 		if err != nil {
 			return err
 		}
 		if err := c.pc.Send(pml.Buffer{}, (me+k)%n, tagBarrier, pml.Standard); err != nil {
 			return err
 		}
-		c.in.engine.Wait(nil, r)
-		if _, err := r.Result(); err != nil {
+		if _, err := h.Wait(nil); err != nil {
 			return err
 		}
 	}
