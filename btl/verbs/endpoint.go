@@ -135,6 +135,10 @@ type endpoint struct {
 	// Receive side: only the goroutine holding module.pollMu.
 	rwin   recvWindow
 	rqFree int // receives to post again
+
+	// Scratch of postMsgLocked, guarded by mu.
+	wrScratch [2]ibv.SendWR
+	sgScratch [3]ibv.SGEntry
 	cqDead bool
 	wcs    []ibv.WC
 	rwrs   []ibv.RecvWR
@@ -514,13 +518,18 @@ func (e *endpoint) postMsgLocked(kind frameKind, tag btl.Tag, hdr, data []byte, 
 	if !ok || e.sqFree < nwr+ackReserve {
 		return false
 	}
-	var wrs [2]ibv.SendWR
+	// The work requests are built in the endpoint's scratch (guarded by
+	// mu): posted through the QP interface, stack copies would escape to
+	// the heap, two allocations per message.
+	wrs := &e.wrScratch
+	*wrs = [2]ibv.SendWR{}
 	var ops [2]wrOp
 	i := 0
 	if s.pad > 0 {
 		ph := frameHdr{length: uint32(s.pad), kind: framePad, seq: e.win.seq}
 		ph.put(e.stage[s.padOff:])
-		wrs[0] = ibv.SendWR{Opcode: ibv.WRRDMAWrite, SGList: []ibv.SGEntry{ibv.SGE(e.stageMR, s.padOff, frameHdrLen)},
+		e.sgScratch[2] = ibv.SGE(e.stageMR, s.padOff, frameHdrLen)
+		wrs[0] = ibv.SendWR{Opcode: ibv.WRRDMAWrite, SGList: e.sgScratch[2:3:3],
 			RemoteAddr: e.remote.RingAddr + uint64(s.padOff), RKey: e.remote.RingKey}
 		ops[0] = wrOp{kind: opPad}
 		i = 1
@@ -529,7 +538,8 @@ func (e *endpoint) postMsgLocked(kind frameKind, tag btl.Tag, hdr, data []byte, 
 	f := e.stage[s.off : s.off+n]
 	fh.put(f)
 	copy(f[frameHdrLen:], hdr)
-	sg := []ibv.SGEntry{ibv.SGE(e.stageMR, s.off, n)}
+	e.sgScratch[0] = ibv.SGE(e.stageMR, s.off, n)
+	sg := e.sgScratch[0:1:2]
 	if reg != nil {
 		sg[0].Length = uint32(frameHdrLen + len(hdr))
 		sg = append(sg, ibv.SGEntry{Addr: reg.iova(sliceAddr(data)), Length: uint32(len(data)), LKey: reg.mr.LKey()})
@@ -875,7 +885,7 @@ func (e *endpoint) poll() int {
 	e.mu.Lock()
 	e.acksOwed += acks
 	e.postACKLocked()
-	if e.state == epConnected && e.rqFree > 0 {
+	if e.state == epConnected && e.rqFree >= e.m.repostBatch {
 		e.repostLocked()
 	}
 	e.unlock()

@@ -102,6 +102,7 @@ func openModule(env *btl.Env, cfg config, prov ibv.Provider) (*module, error) {
 	if a := m.attr.MaxQPWR; a > 0 && a < m.depth {
 		m.depth = a
 	}
+	m.repostBatch = max(1, min(16, m.depth/16))
 	if m.cfg.credits+4 > m.depth {
 		return fail(mpierr.Errorf(mpierr.ErrArg, "verbs: %s=%d needs queues of %d, device %s allows %d", paramCredits, cfg.credits, cfg.credits+4, m.attr.Name, m.depth))
 	}
@@ -142,6 +143,10 @@ type module struct {
 	gid   ibv.GID
 	mtu   ibv.MTU
 	depth int // send and receive queue depth of every QP
+	// repostBatch: consumed receives are posted again once this many
+	// are (one PostRecv per batch, not per message; the queue keeps at
+	// least depth-repostBatch posted).
+	repostBatch int
 	// livenessTicks: probe ticks without any send completion after which a
 	// pair whose operations wait is failed (0: never; btl_verbs_qp_timeout 0).
 	livenessTicks int
