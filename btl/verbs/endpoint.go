@@ -135,13 +135,13 @@ type endpoint struct {
 	// Receive side: only the goroutine holding module.pollMu.
 	rwin   recvWindow
 	rqFree int // receives to post again
+	cqDead bool
+	wcs    []ibv.WC
+	rwrs   []ibv.RecvWR
 
 	// Scratch of postMsgLocked, guarded by mu.
 	wrScratch [2]ibv.SendWR
 	sgScratch [3]ibv.SGEntry
-	cqDead bool
-	wcs    []ibv.WC
-	rwrs   []ibv.RecvWR
 }
 
 func newEndpoint(m *module, peer int) *endpoint {
