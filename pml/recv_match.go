@@ -323,28 +323,27 @@ func (e *Engine) deliver(r *Request, f *frag) {
 // in two (a call between them) they cost 15-20 instructions a message
 // more. e.mu held.
 func (c *Comm) deliverEager(r *Request, src32, tag32 int32, seq uint16, p *peer, data []byte) bool {
-	e := c.e
-	src, tag := int(src32), int(tag32)
 	if r == nil {
 		ps := &c.seqs[src32]
 		if seq != ps.expect || ps.ooo != nil {
 			return false
 		}
-		if r = c.m.takeFirst(src, tag); r == nil {
+		if r = c.m.takeFirst(int(src32), int(tag32)); r == nil {
 			return false
 		}
 		ps.expect++
 		if ps.expect == ps.grantAt { // flowCheckLocked: nothing is parked, so expect just reached it
-			e.grantDueLocked(c, src32)
+			c.e.grantDueLocked(c, src32)
 		}
 	}
+	e := c.e
 	if r.buf.Conv != nil || len(data) > len(r.buf.Bytes) || e.countStats {
-		e.deliverCopy(r, p, src, tag, data)
+		e.deliverCopy(r, p, int(src32), int(tag32), data)
 		return true
 	}
 	n := copy(r.buf.Bytes, data)
 	r.mpiDone = true
-	r.status = Status{Source: src, Tag: tag, Count: n}
+	r.status = Status{Source: int(src32), Tag: int(tag32), Count: n}
 	parks := r.parks
 	s := r.sink
 	if s == nil { // a blocking Recv's, say: its poster resets it before reuse
@@ -352,7 +351,7 @@ func (c *Comm) deliverEager(r *Request, src32, tag32 int32, seq uint16, p *peer,
 		r.notify(parks)
 		return true
 	}
-	s.Source, s.Tag, s.Count = int32(src), int32(tag), uint32(n) // eager data is far below 4 GiB
+	s.Source, s.Tag, s.Count = src32, tag32, uint32(n) // eager data is far below 4 GiB
 	free := s.gone(false)
 	r.notify(parks)
 	if free && r.owned && len(e.free) < freeMax { // poolable: no id, no release
