@@ -150,7 +150,7 @@ func HandleOf(r *Request) *Handle { return &Handle{p: r} }
 // DoneHandle returns a Handle done with status st.
 func DoneHandle(st Status) *Handle {
 	h := &Handle{}
-	h.s.Store(st, nil)
+	h.s.store(st, nil)
 	if st.Cancelled {
 		h.s.State.Init(sinkCancelled)
 	}
@@ -210,7 +210,7 @@ func (h *Handle) Acquire() *Request {
 
 // Release drops a use taken by Acquire (giving the PML request back when
 // the engine left that to the last user).
-func (h *Handle) Release() { h.s.Release(h.p) }
+func (h *Handle) Release() { h.s.release(h.p) }
 
 // Progress runs the engine of h's PML request once (nothing when the
 // result is already here).
@@ -257,7 +257,7 @@ func (h *Handle) finishKeep(pr *Request) (Status, *Request, error) {
 	// Sink mode: the engine stores the result (maybe not quite yet: it
 	// marks the sink gone just after completing pr); held, pr is still
 	// ours. Or another call takes the result.
-	if h.s.State.Load()&SinkMode != 0 || h.s.State.Or(sinkTaken)&sinkTaken != 0 {
+	if h.s.State.Load()&SinkMode != 0 || h.s.State.or(sinkTaken)&sinkTaken != 0 {
 		st, err := pr.Result()
 		return st, h.s.ReleaseKeep(pr), err
 	}
@@ -278,7 +278,7 @@ func (h *Handle) finishTaken(pr *Request) (Status, error) {
 // back (nil when another call still holds it).
 func (h *Handle) finishTakenKeep(pr *Request) (Status, *Request, error) {
 	st, err := pr.Result()
-	h.s.Store(st, err)
+	h.s.store(st, err)
 	// Gone (later calls read st and err) and this call's use dropped, at
 	// once. A call that looks from now on sees gone: once the count is
 	// zero, nobody can reach pr any more.
@@ -325,7 +325,7 @@ func (h *Handle) WaitAlone(more bool) (st Status, back *Request, ok bool, err er
 		st, back, err = h.finishKeep(pr)
 		return st, back, true, err
 	}
-	if !h.s.State.CompareAndSwap(0, sinkTaken|1) {
+	if !h.s.State.compareAndSwap(0, sinkTaken|1) {
 		return Status{}, nil, false, nil
 	}
 	waitFor(pr, more) // without a context it returns once pr is done
@@ -367,7 +367,7 @@ func (h *Handle) Wait(ctx context.Context) (Status, error) {
 		return Status{}, err
 	}
 	// Alone on h (one use, ours, not taken): take it with one swap.
-	if h.s.State.Load()&SinkMode == 0 && h.s.State.CompareAndSwap(1, sinkTaken|1) {
+	if h.s.State.Load()&SinkMode == 0 && h.s.State.compareAndSwap(1, sinkTaken|1) {
 		return h.finishTaken(pr)
 	}
 	// One completion rings one parked waiter: pass it on when another

@@ -179,7 +179,7 @@ func (r *Request) complete(st Status, err error) (free bool) {
 	parks := r.parks // before done: once done, the owner may recycle r
 	r.status, r.err = st, err
 	if s := r.sink; s != nil {
-		s.Store(st, err)
+		s.store(st, err)
 		free = s.gone(st.Cancelled)
 	} else {
 		r.done.Store(r.gen + 1)

@@ -165,7 +165,7 @@ func TestSinkCompletion(t *testing.T) {
 	}
 
 	var s1 Sink
-	s1.State.Store(SinkMode)
+	s1.State.store(SinkMode)
 	r1, err := cs[1].IrecvSink(Buffer{Bytes: b}, 0, 5, &s1)
 	require.NoError(t, err)
 	e.mu.Lock()
@@ -183,7 +183,7 @@ func TestSinkCompletion(t *testing.T) {
 	e.mu.Unlock()
 
 	var s2 Sink
-	s2.State.Store(SinkMode)
+	s2.State.store(SinkMode)
 	r2, err := cs[1].IrecvSink(Buffer{Bytes: b}, 0, 6, &s2)
 	require.NoError(t, err)
 	require.Same(t, r1, r2, "taken from the free list")
@@ -192,11 +192,11 @@ func TestSinkCompletion(t *testing.T) {
 	require.Equal(t, uint32(SinkMode|SinkGone|sinkRecycle|1), s2.State.Load())
 	require.True(t, r2.Done())
 	gen := r2.gen
-	s2.Release(r2) // the last holder gives it back
+	s2.release(r2) // the last holder gives it back
 	require.Equal(t, uint32(SinkMode|SinkGone), s2.State.Load())
 	require.Equal(t, gen+1, r2.gen, "recycled once")
 	s2.State.Add(1) // a late call that sees gone and lets go
-	s2.Release(r2)
+	s2.release(r2)
 	require.Equal(t, gen+1, r2.gen, "not recycled again")
 	st, err = s2.Result()
 	require.NoError(t, err)

@@ -17,7 +17,7 @@ import (
 // State holds the number of calls holding the PML request (sinkUsers)
 // and the flags below; only this package writes it (handle.go for the
 // owner's side), but for a caller of IrecvSink, which takes a hold with
-// State.Add(1) and drops it with Release or ReleaseKeep. The engine sets
+// State.Add(1) and drops it with ReleaseKeep. The engine sets
 // SinkGone once the fields hold the result; when calls held the request
 // at that moment it also sets sinkRecycle, and the call whose release
 // finds no holder left and takes that flag gives the request back.
@@ -28,7 +28,10 @@ type Sink struct {
 	Extra       *SinkExtra // an error or a count beyond 32 bits (rare)
 }
 
-// SinkState is a Sink's state word: atomic.Uint32's methods, and Init.
+// SinkState is a Sink's state word. Outside this package it is only
+// initialized (Init), read (Load) and, by a caller of IrecvSink taking a
+// hold, added to (Add); the rest of atomic.Uint32's methods are the
+// engine's and Handle's.
 type SinkState struct{ v uint32 }
 
 // Init sets the state with an ordinary store, for a Sink nobody else sees
@@ -37,11 +40,11 @@ type SinkState struct{ v uint32 }
 func (s *SinkState) Init(v uint32) { s.v = v }
 
 func (s *SinkState) Load() uint32        { return atomic.LoadUint32(&s.v) }
-func (s *SinkState) Store(v uint32)      { atomic.StoreUint32(&s.v, v) }
 func (s *SinkState) Add(d uint32) uint32 { return atomic.AddUint32(&s.v, d) }
-func (s *SinkState) Or(m uint32) uint32  { return atomic.OrUint32(&s.v, m) }
-func (s *SinkState) And(m uint32) uint32 { return atomic.AndUint32(&s.v, m) }
-func (s *SinkState) CompareAndSwap(old, nw uint32) bool {
+func (s *SinkState) store(v uint32)      { atomic.StoreUint32(&s.v, v) }
+func (s *SinkState) or(m uint32) uint32  { return atomic.OrUint32(&s.v, m) }
+func (s *SinkState) and(m uint32) uint32 { return atomic.AndUint32(&s.v, m) }
+func (s *SinkState) compareAndSwap(old, nw uint32) bool {
 	return atomic.CompareAndSwapUint32(&s.v, old, nw)
 }
 
@@ -62,9 +65,9 @@ const (
 	sinkUsers     = sinkReusable - 1
 )
 
-// Store writes st and err into s (a Handle's finishTakenKeep for calls
+// store writes st and err into s (a Handle's finishTakenKeep for calls
 // without a sink; the engine's is complete).
-func (s *Sink) Store(st Status, err error) {
+func (s *Sink) store(st Status, err error) {
 	s.Source, s.Tag = int32(st.Source), int32(st.Tag)
 	if err != nil || uint64(st.Count) > math.MaxUint32 {
 		s.Extra = &SinkExtra{Err: err, Count: st.Count}
@@ -97,28 +100,28 @@ func (s *Sink) gone(cancelled bool) bool {
 		if old&sinkUsers != 0 {
 			nw |= sinkRecycle
 		}
-		if s.State.CompareAndSwap(old, nw) {
+		if s.State.compareAndSwap(old, nw) {
 			return old&sinkUsers == 0
 		}
 	}
 }
 
-// Release drops a call's hold on r, the PML request behind s, taken by an
+// release drops a call's hold on r, the PML request behind s, taken by an
 // atomic add of one to s.State; the last holder after completion gives r
 // back.
-func (s *Sink) Release(r *Request) {
+func (s *Sink) release(r *Request) {
 	if back := s.ReleaseKeep(r); back != nil {
 		recycle(back)
 	}
 }
 
-// ReleaseKeep is Release that returns r instead of giving it back when
+// ReleaseKeep is release that returns r instead of giving it back when
 // this was the last hold after completion (nil otherwise), for the caller
 // to give back with others (Engine.RecycleAll: the engine's free list,
 // which its Irecvs take from, rather than the sync.Pool).
 func (s *Sink) ReleaseKeep(r *Request) *Request {
 	if v := s.State.Add(^uint32(0)); v&sinkUsers == 0 && v&sinkRecycle != 0 {
-		if s.State.And(^uint32(sinkRecycle))&sinkRecycle != 0 {
+		if s.State.and(^uint32(sinkRecycle))&sinkRecycle != 0 {
 			return r
 		}
 	}
