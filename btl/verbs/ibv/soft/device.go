@@ -352,6 +352,22 @@ const rxBatch = 32
 // would otherwise be as large as the L2).
 const rxBatchBytes = 256 << 10
 
+// rxLimit is how many datagrams the next recvmmsg offers to take, after
+// one that took n of limit with the largest datagram of largest bytes: a
+// call that took all it offered may have left more, so the next offers
+// twice as many; one that emptied the socket offers as many as it took
+// (the kernel tries one more datagram than it finds, which costs a
+// second look at the queue per call); never more than rxBatchBytes of
+// datagrams of that size, nor more than most.
+func rxLimit(n, limit, largest, most int) int {
+	if n == limit {
+		limit *= 2
+	} else {
+		limit = n
+	}
+	return max(1, min(most, rxBatchBytes/max(largest, 1), limit))
+}
+
 // rxLoop waits for the socket to be readable and processes what arrived.
 // Pollers of an empty CQ do the same work (progress), so that a user
 // spinning on Poll with every P busy does not wait for this goroutine to
@@ -399,7 +415,7 @@ func (d *device) drain(batches int) bool {
 			}
 		}
 		d.flushDirty()
-		d.rs.limit = min(len(d.rs.msgs), max(2, rxBatchBytes/max(largest, 1)))
+		d.rs.limit = rxLimit(n, d.rs.limit, largest, len(d.rs.msgs))
 		if !more {
 			break
 		}

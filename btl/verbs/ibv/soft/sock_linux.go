@@ -260,7 +260,9 @@ func (s *sock) send(ts *txState, b *txBatch) (int, error) {
 }
 
 // rxState is the receive goroutine's batch of buffers. One recvmmsg
-// offers limit of them (setLimit).
+// offers limit of them (set by the caller between calls); the message
+// headers point at the buffers once and for all, and only the fields the
+// kernel wrote in the last call are reset before the next.
 type rxState struct {
 	bufs  [][]byte
 	msgs  []unix.Mmsghdr
@@ -268,6 +270,7 @@ type rxState struct {
 	names []unix.RawSockaddrInet6
 	ctrl  []byte
 	limit int
+	used  int // headers the last call filled
 }
 
 func newRxState(n, bufSize int) *rxState {
@@ -278,44 +281,47 @@ func newRxState(n, bufSize int) *rxState {
 		names: make([]unix.RawSockaddrInet6, n),
 		ctrl:  make([]byte, n*ctrlSpace),
 		limit: n,
+		used:  n,
 	}
 	mem := make([]byte, n*bufSize)
 	for i := range r.bufs {
 		r.bufs[i] = mem[i*bufSize : (i+1)*bufSize : (i+1)*bufSize]
+		r.iovs[i] = unix.Iovec{Base: &r.bufs[i][0]}
+		r.iovs[i].SetLen(bufSize)
+		h := &r.msgs[i].Hdr
+		h.Name = (*byte)(unsafe.Pointer(&r.names[i]))
+		h.Iov = &r.iovs[i]
+		h.SetIovlen(1)
+		h.Control = &r.ctrl[i*ctrlSpace]
 	}
 	return r
 }
 
-// recv waits for at least one datagram and returns how many arrived
-// (MSG_WAITFORONE: the rest of the batch is what is already queued).
+// recv takes up to limit datagrams without waiting (wait: at least one,
+// MSG_WAITFORONE) and returns how many arrived.
 func (s *sock) recv(r *rxState, wait bool) (int, error) {
-	msgs := r.msgs[:r.limit]
-	for i := range msgs {
-		r.iovs[i] = unix.Iovec{Base: &r.bufs[i][0]}
-		r.iovs[i].SetLen(len(r.bufs[i]))
+	for i := range r.used {
 		h := &r.msgs[i].Hdr
-		h.Name = (*byte)(unsafe.Pointer(&r.names[i]))
 		h.Namelen = unix.SizeofSockaddrInet6
-		h.Iov = &r.iovs[i]
-		h.SetIovlen(1)
-		h.Control = &r.ctrl[i*ctrlSpace]
 		h.SetControllen(ctrlSpace)
 		h.Flags = 0
 		r.msgs[i].Len = 0
 	}
+	r.used = 0
 	flags := unix.MSG_WAITFORONE
 	if !wait {
 		flags = unix.MSG_DONTWAIT
 	}
 	for {
 		n, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(s.fd),
-			uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)), uintptr(flags), 0, 0)
+			uintptr(unsafe.Pointer(&r.msgs[0])), uintptr(r.limit), uintptr(flags), 0, 0)
 		if e == unix.EINTR {
 			continue
 		}
 		if e != 0 {
 			return 0, e
 		}
+		r.used = int(n)
 		return int(n), nil
 	}
 }
