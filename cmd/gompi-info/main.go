@@ -32,6 +32,10 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 func run(args []string, out, errw io.Writer) int {
 	fs := pflag.NewFlagSet("gompi-info", pflag.ContinueOnError)
 	fs.SetOutput(errw)
+	fs.Usage = func() {
+		fmt.Fprintln(errw, "usage: gompi-info [--protocols] [--param name=value]...")
+		fs.PrintDefaults()
+	}
 	protocols := fs.Bool("protocols", false, "show which protocol each message size gets on each transport")
 	var ps []string
 	fs.StringArrayVar(&ps, "param", nil, "set a parameter name=value (repeatable) before reporting")
@@ -228,11 +232,6 @@ func ranges(f func(int) string, l btl.Limits) []rangeRow {
 	return rows
 }
 
-func size(n int) string {
-	if n > 0 && n%(1<<10) == 0 {
-		f := params.FormatSize(n)
-		unit := map[byte]string{'k': " KiB", 'm': " MiB", 'g': " GiB"}[f[len(f)-1]]
-		return f[:len(f)-1] + unit
-	}
-	return fmt.Sprintf("%d B", n)
-}
+// size prints n in bytes: one unit for every bound, so that neighbouring
+// rows read alike (2147484671 B, then 2147484672 B, not 2097153 KiB).
+func size(n int) string { return fmt.Sprintf("%d B", n) }

@@ -49,6 +49,19 @@ func TestProtocolTable(t *testing.T) {
 	self = out[strings.Index(out, "  self ("):]
 	require.Regexp(t, `0 B and up\s+send_pipeline`, self)
 	require.NotContains(t, self, "rdma_get")
+
+	// Every bound in bytes, so that neighbouring rows read alike.
+	code, out, _ = runInfo(t, "--protocols")
+	require.Equal(t, 0, code)
+	require.NotRegexp(t, `\d [KMG]iB`, out[strings.Index(out, "Protocols by message size"):])
+}
+
+// --help prints the usage line and the flags, and exits 0.
+func TestHelp(t *testing.T) {
+	code, _, errs := runInfo(t, "--help")
+	require.Equal(t, 0, code)
+	require.Contains(t, errs, "usage: gompi-info [--protocols] [--param name=value]")
+	require.Contains(t, errs, "--protocols")
 }
 
 // Bad flags and bad parameter values: an error that names the problem and
