@@ -92,6 +92,7 @@ type device struct {
 
 	ncq    atomic.Int32  // live CQs
 	passes atomic.Uint32 // progress passes, for the socket's share of them
+	idle   atomic.Uint32 // pollers' looks at the socket in a row that found it empty
 
 	atomicMu sync.Mutex // makes the responders' atomics atomic with each other
 
@@ -341,6 +342,14 @@ func (d *device) txWorker() {
 	}
 }
 
+// Pollers look at the socket once per round of CQs until idleLooks looks
+// in a row found nothing, then once per idleEvery rounds until one finds
+// something.
+const (
+	idleLooks = 64
+	idleEvery = 8
+)
+
 // rxBatch is how many datagrams one recvmmsg takes at most.
 const rxBatch = 32
 
@@ -502,9 +511,23 @@ func (d *device) progress() {
 	// A look at the socket costs a system call, also when it finds
 	// nothing: pollers take one look per round of the device's CQs, so
 	// that a user polling each of its CQs in turn makes one per round, as
-	// a read per pass of a socket transport does.
-	if n := d.ncq.Load(); (n <= 1 || d.passes.Add(1)%uint32(n) == 0) && d.rxMu.TryLock() {
-		d.drain(1)
+	// a read per pass of a socket transport does. After idleLooks empty
+	// looks in a row they look once per idleEvery rounds: a poller that
+	// spins in system calls on a busy host loses its processor to the
+	// other runnable tasks far more often than one that spins in user
+	// space (8 B ping-pongs of hundreds of microseconds instead of tens,
+	// as tcp's), and a peer that has not answered for that long is
+	// likely descheduled anyway.
+	n := max(1, uint32(d.ncq.Load()))
+	if d.idle.Load() >= idleLooks {
+		n *= idleEvery
+	}
+	if d.passes.Add(1)%n == 0 && d.rxMu.TryLock() {
+		if d.drain(1) {
+			d.idle.Store(0)
+		} else {
+			d.idle.Add(1)
+		}
 		d.rxMu.Unlock()
 	}
 	d.workMu.Lock()
