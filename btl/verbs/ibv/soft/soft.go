@@ -66,8 +66,9 @@
 //
 // A receive goroutine per device is woken by Go's network poller, and a
 // poller of an empty CQ does the same work itself (the deferred ACKs, one
-// non-blocking pass over the socket per round of the device's CQs, and
-// one QP of the transmit worker's list): a user
+// non-blocking pass over the socket per round of the device's CQs, fewer
+// once many passes in a row found nothing, and one QP of the transmit
+// worker's list): a user
 // spinning on Poll on a busy machine does not wait for the device's
 // goroutines to be scheduled. Posting sends from the caller's goroutine.
 // A transmit worker goroutine per device sends what exceeds a caller's
