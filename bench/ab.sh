@@ -57,5 +57,12 @@ for r in $(seq "$ROUNDS"); do
   done
 done | tee "$BIN/runs"
 echo "# median (min-max) over $ROUNDS rounds, $MODE:"
-awk '{ for (i = 3; i <= NF; i++) { split($i, kv, "="); k = $2 " " kv[1]; v[k] = v[k] " " kv[2] } }
-  END { for (k in v) { n = split(v[k], a, " "); asort(a); printf "%s  %s (%s-%s)\n", k, a[int((n + 1) / 2)], a[1], a[n] } }' "$BIN/runs" | sort
+# One "build figure<TAB>value" line per figure of every run, sorted by
+# figure then value, so the median is the middle line of each group (plain
+# POSIX awk: Debian's default awk, mawk, has no asort).
+awk '{ for (i = 3; i <= NF; i++) { split($i, kv, "="); printf "%s %s\t%s\n", $2, kv[1], kv[2] } }' "$BIN/runs" |
+  sort -t "$(printf '\t')" -k1,1 -k2,2g |
+  awk -F '\t' 'function out() { printf "%s  %s (%s-%s)\n", k, a[int((n + 1) / 2)], a[1], a[n]; n = 0 }
+    $1 != k && n > 0 { out() }
+    { k = $1; a[++n] = $2 }
+    END { if (n > 0) out() }'

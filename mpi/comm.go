@@ -157,7 +157,8 @@ func (c *Comm) Recv(buf any, source, tag int) (Status, error) {
 }
 
 // Sendrecv sends sendBuf to dest and receives into recvBuf from source,
-// concurrently (so a ring exchange cannot deadlock).
+// concurrently (so a ring exchange cannot deadlock). The two buffers must
+// not overlap: the receive may write while the send still reads.
 func (c *Comm) Sendrecv(sendBuf any, dest, sendTag int, recvBuf any, source, recvTag int) (Status, error) {
 	rr, err := c.Irecv(recvBuf, source, recvTag)
 	if err != nil {

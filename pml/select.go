@@ -19,7 +19,7 @@ func (m Mode) String() string {
 	return [...]string{"standard", "buffered", "synchronous", "ready"}[m]
 }
 
-// Protocol is how one message travels (seed 004: ob1's protocols).
+// Protocol is how one message travels: Open MPI ob1's protocols.
 type Protocol uint8
 
 const (
@@ -97,8 +97,8 @@ func EagerMax(l btl.Limits) int { return max(0, l.EagerLimit-hdr.MatchLen) }
 func FirstChunk(l btl.Limits) int { return max(0, min(l.EagerLimit-hdr.RndvLen, l.RndvEagerLimit)) }
 
 // Select chooses the sender's protocol for one message: a pure function of
-// the send mode, the size, the layout and the transport (seed 004's
-// procedure). A forced protocol (pml_force_protocol) is used for every
+// the send mode, the size, the layout and the transport, as ob1 chooses
+// (docs/protocols.md). A forced protocol (pml_force_protocol) is used for every
 // message it can carry; others fall back to the automatic choice.
 func Select(s SendInfo) Protocol {
 	rdma := s.Contiguous && s.Caps&btl.CapRDMA != 0
@@ -151,7 +151,7 @@ func Select(s SendInfo) Protocol {
 	return SendPipeline
 }
 
-// RecvChoice is the receiver's answer to a RNDV (notes A.5).
+// RecvChoice is the receiver's answer to a RNDV (docs/protocols.md).
 type RecvChoice uint8
 
 const (

@@ -102,7 +102,7 @@ func init() {
 	params.Register(params.Def{Name: paramIfExclude, Kind: params.String, Default: "",
 		Help: "comma list of interface names, addresses or CIDR subnets the tcp transport does not listen on (not together with btl_tcp_if_include)"})
 	params.Register(params.Def{Name: paramBusyPoll, Kind: params.Duration, Default: "200us",
-		Help: "how long a tcp reader goroutine spins on its socket before it sleeps in poll(2), when no application goroutine is polling (0: never spin; 0 when oversubscribed unless set explicitly). On the 2-vCPU reference VM 200us made 1-4 MiB ping-pong 20-40% faster and streaming bandwidth 20-35% higher than 0"})
+		Help: "how long a tcp reader goroutine spins on its socket before it sleeps in poll(2), when no application goroutine is polling (0: never spin; 0 when oversubscribed unless set explicitly). Spinning makes 1-4 MiB ping-pongs and streaming faster where the reader would otherwise sleep between segments (docs/tuning.md)"})
 	params.Register(params.Def{Name: paramPoll, Kind: params.Bool, Default: "true",
 		Help: "a goroutine waiting in the PML reads the sockets itself (btl.Poller) instead of waiting for a reader goroutine to be woken; false: only the reader goroutines read"})
 	params.Register(params.Def{Name: paramSndbuf, Kind: params.Size, Default: "0",

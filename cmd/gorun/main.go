@@ -85,8 +85,8 @@ package path (built first). Flags after PROGRAM belong to the program.
   -x VAR[=value]              set VAR for every rank (VAR alone: gorun's value); repeatable
       --param NAME=VALUE      set a gompi parameter; repeatable
       --btl LIST              transports to use, e.g. self,sm,tcp or ^tcp (param btl)
-      --eager-limit BYTES     btl_{self,sm,tcp}_eager_limit
-      --max-send-size BYTES   btl_{self,sm,tcp}_max_send_size
+      --eager-limit BYTES     btl_{self,sm,tcp,verbs}_eager_limit
+      --max-send-size BYTES   btl_{self,sm,tcp,verbs}_max_send_size
       --protocol NAME         pml_force_protocol: eager, rdma_put, rdma_get,
                               send_pipeline or rdma_pipeline
       --send-pipeline-depth N pml_send_pipeline_depth
@@ -114,7 +114,7 @@ of the processors, unless GOMAXPROCS is set in the environment or with -x.
 `
 
 // transports are the transports whose limits the named size flags set.
-var transports = []string{"self", "sm", "tcp"}
+var transports = []string{"self", "sm", "tcp", "verbs"}
 
 // paramList collects parameters from --param and the named flags in
 // command-line order.

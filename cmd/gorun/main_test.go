@@ -35,9 +35,9 @@ func TestParseArgs(t *testing.T) {
 	}
 	want := [][2]string{
 		{"z", "first"},
-		{"btl_self_eager_limit", "4k"}, {"btl_sm_eager_limit", "4k"}, {"btl_tcp_eager_limit", "4k"},
+		{"btl_self_eager_limit", "4k"}, {"btl_sm_eager_limit", "4k"}, {"btl_tcp_eager_limit", "4k"}, {"btl_verbs_eager_limit", "4k"},
 		{"btl", "^tcp"},
-		{"btl_self_max_send_size", "1m"}, {"btl_sm_max_send_size", "1m"}, {"btl_tcp_max_send_size", "1m"},
+		{"btl_self_max_send_size", "1m"}, {"btl_sm_max_send_size", "1m"}, {"btl_tcp_max_send_size", "1m"}, {"btl_verbs_max_send_size", "1m"},
 		{"pml_force_protocol", "eager"},
 		{"pml_send_pipeline_depth", "3"},
 		{"a", "last=with=equals"},
