@@ -163,7 +163,7 @@ func RunDaemon(stdin io.Reader, stdout, stderr io.Writer) int {
 		cmd := exec.Command(dc.Program, dc.Args...)
 		cmd.Env = append(base[:len(base):len(base)],
 			EnvRank+"="+strconv.Itoa(r), EnvLocalRank+"="+strconv.Itoa(l),
-			EnvLocalSize+"="+strconv.Itoa(len(dc.Ranks)), EnvStore+"="+store)
+			EnvLocalSize+"="+strconv.Itoa(len(dc.Ranks)), EnvStore+"="+store, EnvNode+"="+dc.Host)
 		cmd.SysProcAttr = rankProcAttr()
 		if r == 0 && rank0In != nil {
 			cmd.Stdin = rank0In

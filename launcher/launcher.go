@@ -36,6 +36,7 @@ const (
 	EnvSize           = "GOMPI_SIZE"           // number of ranks in the job
 	EnvLocalRank      = "GOMPI_LOCAL_RANK"     // rank among the job's ranks on this host
 	EnvLocalSize      = "GOMPI_LOCAL_SIZE"     // number of the job's ranks on this host
+	EnvNode           = "GOMPI_NODE"           // the host's name in gorun's host list (jobs on several hosts)
 	EnvJobID          = "GOMPI_JOB_ID"         // random hex id, the same for every rank of a job
 	EnvStore          = "GOMPI_STORE"          // host:port of the wire-up store
 	EnvSecret         = "GOMPI_SECRET"         // hex of the 32-byte job secret

@@ -251,3 +251,21 @@ func TestHostUnreachable(t *testing.T) {
 	require.Contains(t, out, "gorun daemon on host h9 exited with status", out)
 	h.requireHostsEmpty(t)
 }
+
+// TestHostsOfOneName: two hosts of a job that are one machine under one
+// hostname (a launch agent that runs every daemon here, as containers or
+// namespaces without their own name would): each host's ranks take only
+// each other for local (sm) and reach the other host's by tcp, and the
+// ring completes.
+func TestHostsOfOneName(t *testing.T) {
+	agent := filepath.Join(t.TempDir(), "agent")
+	require.NoError(t, os.WriteFile(agent, []byte("#!/bin/sh\n# AGENT HOST CMD...: runs CMD on this machine\nshift\nexec \"$@\"\n"), 0o755))
+	r := start(t, 90*time.Second, nil, "--host", "a:2,b:2", "--launch-agent", agent, "-np", "4", "--oversubscribe",
+		"--tag-output", "-x", "GOMPI_VERBOSE=1", "--timeout", "60s", prog("ring"))
+	out, code := r.wait()
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "[0] ring of 4 ranks: token came back with 6 (want 6)")
+	for _, via := range []string{"[0] gompi[0]: rank 1 via sm", "[0] gompi[0]: rank 2 via tcp", "[3] gompi[3]: rank 2 via sm", "[3] gompi[3]: rank 1 via tcp"} {
+		require.Contains(t, out, via, out)
+	}
+}

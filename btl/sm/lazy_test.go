@@ -85,7 +85,7 @@ func TestSegmentMissing(t *testing.T) {
 	r := openRank(t, store, "missing", 0, 2)
 	in := newInbox(r.env.Dispatch, tagData)
 	e := wireEntry{rank: 1, local: 1, localSize: 2, pid: os.Getpid(), fd: 1 << 20, size: 4 << 20, nonce: 3, id: localHostID()}
-	require.NoError(t, store.Set(localKey(e.id.host, 1), e.encode()))
+	require.NoError(t, store.Set(localKey(e.id, 1), e.encode()))
 
 	ep, err := r.m.AddProc(1)
 	require.NoError(t, err)
@@ -112,7 +112,7 @@ func TestPeerDeadBeforeMapped(t *testing.T) {
 	}
 	in := newInbox(r.env.Dispatch, tagData)
 	e := wireEntry{rank: 1, local: 1, localSize: 2, pid: child.Process.Pid, fd: 3, size: 4 << 20, nonce: 3, id: localHostID()}
-	require.NoError(t, store.Set(localKey(e.id.host, 1), e.encode()))
+	require.NoError(t, store.Set(localKey(e.id, 1), e.encode()))
 
 	ep, err := r.m.AddProc(1)
 	require.NoError(t, err)

@@ -202,7 +202,7 @@ func newModule(env *btl.Env, cfg config) (*Module, error) {
 	e := wireEntry{rank: m.rank, local: m.local, localSize: env.LocalSize, pid: m.pid, fd: int(f.Fd()),
 		size: lay.size, nonce: m.nonce, id: m.id}
 	b := e.encode()
-	for _, k := range []string{rankKey(m.rank), localKey(m.id.host, m.local)} {
+	for _, k := range []string{rankKey(m.rank), localKey(m.id, m.local)} {
 		if err := env.Store.Set(k, b); err != nil {
 			m.release()
 			return nil, fmt.Errorf("sm: publish %s: %w", k, err)
@@ -351,7 +351,7 @@ func (m *Module) lookup(ctx context.Context, l int) (*peer, error) {
 	if p := s.p.Load(); p != nil {
 		return p, nil
 	}
-	b, err := m.env.Store.Get(ctx, localKey(m.id.host, l))
+	b, err := m.env.Store.Get(ctx, localKey(m.id, l))
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}

@@ -14,14 +14,22 @@ import (
 // can share a segment through /proc/<pid>/fd/<fd> only when all of it
 // matches.
 type hostID struct {
-	host  string // hostname
+	host  string // the launcher's name for the host (GOMPI_NODE), else the hostname
 	boot  string // /proc/sys/kernel/random/boot_id
 	pidNS string // /proc/self/ns/pid link
 	uid   int
 }
 
+// localHostID reads this process's hostID. The host part is the name
+// gorun's host list gives the host, when the rank runs on one of several
+// (GOMPI_NODE, set by gorun's daemons): two hosts of a job that are one
+// machine under one hostname (network namespaces, containers) are then
+// told apart, so that neither takes the other's ranks for its own.
 func localHostID() hostID {
-	h, _ := os.Hostname()
+	h := os.Getenv("GOMPI_NODE")
+	if h == "" {
+		h, _ = os.Hostname()
+	}
 	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	ns, _ := os.Readlink("/proc/self/ns/pid")
 	return hostID{host: h, boot: strings.TrimSpace(string(boot)), pidNS: ns, uid: os.Getuid()}
@@ -32,7 +40,7 @@ func (h hostID) String() string {
 }
 
 // wireEntry is what a rank publishes in the store (under "btl.sm.<rank>"
-// and "btl.sm.local.<hostname>.<local rank>"): where its segment is.
+// and "btl.sm.local.<host>.<boot id>.<local rank>"): where its segment is.
 type wireEntry struct {
 	rank, local, localSize int
 	pid, fd                int
@@ -45,8 +53,11 @@ const wireVersion = 1
 
 func rankKey(rank int) string { return "btl.sm." + strconv.Itoa(rank) }
 
-func localKey(host string, local int) string {
-	return "btl.sm.local." + host + "." + strconv.Itoa(local)
+// localKey names the entry of local rank local of host id. The boot id
+// keeps apart two machines that have one hostname: each has its own local
+// ranks 0, 1, ...
+func localKey(id hostID, local int) string {
+	return "btl.sm.local." + id.host + "." + id.boot + "." + strconv.Itoa(local)
 }
 
 func (e *wireEntry) encode() []byte {
