@@ -441,7 +441,7 @@ func TestEnvironmentContract(t *testing.T) {
 			env[rank][kv] = ""
 		}
 	}
-	params := `a=1\nbtl_self_eager_limit=4k\nbtl_sm_eager_limit=4k\nbtl_tcp_eager_limit=4k\npml_force_protocol=eager\nz=last`
+	params := `a=1\nbtl_self_eager_limit=4k\nbtl_sm_eager_limit=4k\nbtl_tcp_eager_limit=4k\nbtl_verbs_eager_limit=4k\npml_force_protocol=eager\nz=last`
 	for rank := range 2 {
 		e := env[rank]
 		for k, want := range map[string]string{

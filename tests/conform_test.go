@@ -54,9 +54,9 @@ func TestConformForcedProtocols(t *testing.T) {
 }
 
 // TestConformEagerLarge raises the eager limit to 4 MiB so that messages of
-// several MiB (plain and derived datatypes) go eagerly. (It sets the
-// parameters with --param: gorun's --eager-limit flag is broken, see
-// pending_gorun_flags_test.go.txt.)
+// several MiB (plain and derived datatypes) go eagerly. It sets only the
+// transport's own limits, with --param (gorun's --eager-limit sets every
+// transport's).
 func TestConformEagerLarge(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {

@@ -1,8 +1,7 @@
 package tests
 
-// gorun --eager-limit and --max-send-size set the limits of every built
-// transport and the job runs with them (they used to set btl_verbs_*,
-// which no rank knows, and every rank failed in Init).
+// gorun --eager-limit and --max-send-size set the limits of every
+// transport (self, sm, tcp, verbs), and a job runs with them over each.
 
 import (
 	"testing"
