@@ -2,8 +2,9 @@
 # instr.sh - instructions per message of the sending and the receiving halves
 # of a gompi-bench rate 8 B window (64 eager sends over sm, then 64 receives
 # with sinks and their waits, as mpi.Irecv and mpi.WaitallInto make them),
-# and of an 8-byte ping-pong, counted by valgrind's callgrind in btl/sm's
-# TestCGWindow and TestCGRoundTrip on one goroutine.
+# and of an 8-byte ping-pong, counted by valgrind's callgrind in
+# pml/smpml's TestCGWindow and TestCGRoundTrip (the PML over sm) on one
+# goroutine.
 # A count, not a time: the same build gives the same figure to the tenth, so
 # a change of a few instructions shows where timings on this machine drown
 # it in noise. Needs valgrind (apt-get install -y valgrind). Run from the
@@ -15,7 +16,7 @@
 set -euo pipefail
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
-go test -c -o "$BIN/sm.test" ./btl/sm >/dev/null
+go test -c -o "$BIN/smpml.test" ./pml/smpml >/dev/null
 cd "$BIN"
 N=${1:-3000}
 # One processor (GOMAXPROCS=1): with more, a run now and then stalls under
@@ -23,7 +24,7 @@ N=${1:-3000}
 # land inside the counted functions; with one, three runs agree within 0.1
 # instructions per message.
 for side in Send Recv RecvPost; do
-  CG_WINDOWS=$N GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 timeout 120 valgrind --tool=callgrind --toggle-collect='*.cg'$side --callgrind-out-file="$BIN/cg.$side.out" ./sm.test -test.run TestCGWindow -test.bench NONE >/dev/null 2>&1
+  CG_WINDOWS=$N GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 timeout 120 valgrind --tool=callgrind --toggle-collect='*.cg'$side --callgrind-out-file="$BIN/cg.$side.out" ./smpml.test -test.run TestCGWindow -test.bench NONE >/dev/null 2>&1
   tot=$(callgrind_annotate "$BIN/cg.$side.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}')
   echo "$side $tot"
 done | awk -v m=$((N * 64)) '{ if (!($1 in best) || $2 < best[$1]) best[$1] = $2 }
@@ -31,6 +32,6 @@ done | awk -v m=$((N * 64)) '{ if (!($1 in best) || $2 < best[$1]) best[$1] = $2
 # The 8-byte ping-pong of gompi-bench latency, both sides on one goroutine
 # (TestCGRoundTrip): per message, the blocking Send's and Recv's work.
 R=$((N * 30))
-CG_ROUNDS=$R GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 timeout 120 valgrind --tool=callgrind --toggle-collect='*cgRound*' --callgrind-out-file="$BIN/cg.Round.out" ./sm.test -test.run TestCGRoundTrip -test.bench NONE >/dev/null 2>&1
+CG_ROUNDS=$R GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 timeout 120 valgrind --tool=callgrind --toggle-collect='*cgRound*' --callgrind-out-file="$BIN/cg.Round.out" ./smpml.test -test.run TestCGRoundTrip -test.bench NONE >/dev/null 2>&1
 callgrind_annotate "$BIN/cg.Round.out" 2>/dev/null | awk -v m=$((R * 2)) '/PROGRAM TOTALS/ { gsub(",", "", $1); printf "ping-pong 8 B: %.1f instructions/message (send and receive)\n", $1 / m }'
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp "$BIN"/cg.*.out "$OUT"/; fi

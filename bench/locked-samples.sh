@@ -2,9 +2,9 @@
 # locked-samples.sh - how much of a CPU profile sits right after locked
 # instructions (LOCK-prefixed or XCHG): perf charges a locked instruction's
 # cost to the instruction after it. Prints, per hot function, that share of
-# all samples. docs/PERFORMANCE.md ("Fourth session", item 3) used it on:
-#   go test -c -o /tmp/sm.test ./btl/sm
-#   perf record -o /tmp/perf.rt /tmp/sm.test -test.run XXX -test.bench 'PMLRoundTrip/size=8B$' -test.benchtime 3s
+# all samples. For example, on the PML's 8 B round trip over sm:
+#   go test -c -o /tmp/smpml.test ./pml/smpml
+#   perf record -o /tmp/perf.rt /tmp/smpml.test -test.run XXX -test.bench 'PMLRoundTrip/size=8B$' -test.benchtime 3s
 #   bench/locked-samples.sh /tmp/perf.rt
 # Needs perf and python3.
 set -euo pipefail

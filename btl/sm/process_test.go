@@ -2,7 +2,6 @@ package sm
 
 import (
 	"bufio"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,7 +13,6 @@ import (
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/internal/params"
-	"github.com/gompi-org/gompi/pml"
 )
 
 // The test binary doubles as the child rank of TestChildKilled: with
@@ -29,10 +27,6 @@ const (
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(childEnv); dir != "" {
 		os.Exit(childRank(dir, os.Getenv(childJobEnv)))
-	}
-	flag.Parse()
-	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
-		pml.SetResetCheck(true) // as pml's and mpi's tests do
 	}
 	os.Exit(m.Run())
 }

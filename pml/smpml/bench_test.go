@@ -1,35 +1,12 @@
-package sm
+package smpml
 
 import (
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
-	"github.com/gompi-org/gompi/btl"
-	"github.com/gompi-org/gompi/btl/btltest"
 	"github.com/gompi-org/gompi/pml"
 )
-
-// pmlPair joins two sm modules of this process with two PML engines (no
-// background pollers): whoever waits polls the transport itself.
-func pmlPair(b testing.TB, overrides ...[2]string) (c0, c1 *pml.Comm) {
-	ranks := openJob(b, btltest.NewStore(), 2, overrides...)
-	var comms [2]*pml.Comm
-	for i, r := range ranks {
-		e, err := pml.New(pml.Config{Rank: i, Size: 2, Params: r.env.Params, Dispatch: r.env.Dispatch})
-		require.NoError(b, err)
-		ep, err := r.m.AddProc(1 - i)
-		require.NoError(b, err)
-		require.NoError(b, e.SetPeer(1-i, []btl.Endpoint{ep}))
-		e.AddPoller(r.m)
-		comms[i], err = e.NewComm(0, i, []int{0, 1})
-		require.NoError(b, err)
-		b.Cleanup(func() { e.Close(nil) })
-	}
-	return comms[0], comms[1]
-}
 
 // BenchmarkPMLRoundTrip runs the code of a ping-pong round trip through
 // the PML and sm on one goroutine: Send, then the peer's Recv (which polls

@@ -1,4 +1,4 @@
-package sm
+package smpml
 
 import (
 	"bytes"
@@ -55,7 +55,7 @@ func TestEagerSendRefusedKeepsOrder(t *testing.T) {
 	}
 	require.NotEmpty(t, reqs, "every send was taken at once: the test did not fill the transport")
 	// The sender's queue moves when its side polls: waiting on its
-	// requests does (pmlPair has no background pollers).
+	// requests does (pmlPair starts no background pollers).
 	sent := make(chan error, 1)
 	go func() {
 		for _, r := range reqs {

@@ -1,4 +1,4 @@
-package sm
+package smpml
 
 import (
 	"os"
