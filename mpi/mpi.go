@@ -250,7 +250,7 @@ func (in *instance) connect() error {
 			}
 			return mpierr.Errorf(mpierr.ErrProcFailed, "rank %d: no transport reaches rank %d (transports in use: %v; btl=%q%s)", in.rank, p, names, in.params.String("btl"), why)
 		}
-		if err := in.engine.SetPeer(p, []btl.Endpoint{ep}); err != nil {
+		if err := in.engine.SetPeer(p, ep); err != nil {
 			return err
 		}
 	}

@@ -39,7 +39,7 @@ func selfPair(b *testing.B, extra ...[2]string) (recv, send *pml.Comm) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := engs[r].SetPeer(p, []btl.Endpoint{ep}); err != nil {
+			if err := engs[r].SetPeer(p, ep); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -176,21 +176,14 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
-// SetPeer sets the endpoint by which the engine sends to world rank r:
-// the one of eps of the highest exclusivity (mpi passes the one endpoint
-// btl.Reach chose; a test may pass several). None is an error wrapping
-// btl.ErrUnreachable.
-func (e *Engine) SetPeer(r int, eps []btl.Endpoint) error {
-	var best btl.Endpoint
-	for _, ep := range eps {
-		if ep != nil && (best == nil || ep.Module().Exclusivity() > best.Module().Exclusivity()) {
-			best = ep
-		}
-	}
-	if best == nil {
+// SetPeer sets ep as the endpoint by which the engine sends to world
+// rank r (btl.Reach chooses it among the transports). A nil ep is an
+// error wrapping btl.ErrUnreachable.
+func (e *Engine) SetPeer(r int, ep btl.Endpoint) error {
+	if ep == nil {
 		return fmt.Errorf("no transport reaches rank %d: %w", r, btl.ErrUnreachable)
 	}
-	np := newPeer(r, best)
+	np := newPeer(r, ep)
 	e.mu.Lock()
 	if old := e.peers[r].Load(); old != nil {
 		np.failed = old.failed // a failure noticed before: it stands
@@ -204,7 +197,7 @@ func (e *Engine) SetPeer(r int, eps []btl.Endpoint) error {
 // may deliver before SetPeer ran for its sender (it starts receiving once
 // its address is published, while the other ranks' endpoints are still
 // being chosen): the peer is then set up provisionally from ep, and
-// SetPeer later picks the best endpoint for sending.
+// SetPeer later sets the endpoint chosen for sending.
 func (e *Engine) peerOf(ep btl.Endpoint) *peer {
 	r := ep.Peer()
 	if r < 0 || r >= e.size {

@@ -31,7 +31,7 @@ func selfComms(t *testing.T, n int, extra ...[2]string) []*Comm {
 		for p := range n {
 			ep, err := mods[r].AddProc(p)
 			require.NoError(t, err)
-			require.NoError(t, engs[r].SetPeer(p, []btl.Endpoint{ep}))
+			require.NoError(t, engs[r].SetPeer(p, ep))
 		}
 		comms[r], err = engs[r].NewComm(0, r, group)
 		require.NoError(t, err)

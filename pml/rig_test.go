@@ -239,7 +239,7 @@ func newRigRaw(t testing.TB, n int, cfg fake.Config, raw int, overrides ...[2]st
 		for p := range n {
 			ep, err := g.net.Module(r).AddProc(p)
 			require.NoError(t, err)
-			require.NoError(t, g.eng[r].SetPeer(p, []btl.Endpoint{ep}))
+			require.NoError(t, g.eng[r].SetPeer(p, ep))
 		}
 		c, err := g.eng[r].NewComm(0, r, group)
 		require.NoError(t, err)

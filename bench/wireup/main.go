@@ -211,7 +211,7 @@ func newWorld(n int, everyPeer bool) (*world, error) {
 			if err != nil {
 				return nil, err
 			}
-			if err := w.eng[r].SetPeer(p, []btl.Endpoint{ep}); err != nil {
+			if err := w.eng[r].SetPeer(p, ep); err != nil {
 				return nil, err
 			}
 		}

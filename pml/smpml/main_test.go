@@ -53,7 +53,7 @@ func pmlPair(tb testing.TB, overrides ...[2]string) (c0, c1 *pml.Comm) {
 		require.NoError(tb, err)
 		ep, why := btl.Reach(ms, 1-i)
 		require.NotNil(tb, ep, "sm does not reach rank %d: %v", 1-i, why)
-		require.NoError(tb, e.SetPeer(1-i, []btl.Endpoint{ep}))
+		require.NoError(tb, e.SetPeer(1-i, ep))
 		e.AddPoller(ms[0].(btl.Poller))
 		comms[i], err = e.NewComm(0, i, []int{0, 1})
 		require.NoError(tb, err)
