@@ -2,7 +2,8 @@
 // and the fakes it needs.
 //
 // A transport's test builds n connected modules (one per world rank, each
-// with its own btl.Env and Dispatcher, sharing one NewStore) and hands the
+// with its own btl.Env and Dispatcher, sharing one NewStore and JobID:
+// Env makes such an Env, Open opens a component with it) and hands the
 // suite a constructor:
 //
 //	func TestConformance(t *testing.T) {

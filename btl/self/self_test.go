@@ -12,7 +12,6 @@ import (
 
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/btl/btltest"
-	"github.com/gompi-org/gompi/internal/params"
 )
 
 // world attaches n modules to a new world; procs, when > 0, stands for
@@ -27,10 +26,9 @@ func world(t testing.TB, n, procs int) ([]*Module, []*btl.Dispatcher) {
 	mods := make([]*Module, n)
 	ds := make([]*btl.Dispatcher, n)
 	for i := range n {
-		set, err := params.NewSet(nil)
-		require.NoError(t, err)
-		ds[i] = &btl.Dispatcher{}
-		m, err := w.Attach(&btl.Env{Rank: i, Size: n, Params: set, Dispatch: ds[i], Logf: t.Logf})
+		env, _ := btltest.Env(t, nil, "", i, n)
+		ds[i] = env.Dispatch
+		m, err := w.Attach(env)
 		require.NoError(t, err)
 		m.Enable()
 		mods[i] = m
@@ -122,11 +120,12 @@ func TestHandOffUntilPolled(t *testing.T) {
 
 	w := NewWorld()
 	var plain [2]*Module
-	ds2 := [2]*btl.Dispatcher{{}, {}}
+	var ds2 [2]*btl.Dispatcher
 	for i := range plain {
-		set, err := params.NewSet(nil)
-		require.NoError(t, err)
-		plain[i], err = w.Attach(&btl.Env{Rank: i, Size: 2, Params: set, Dispatch: ds2[i], Logf: t.Logf})
+		env, _ := btltest.Env(t, nil, "", i, 2)
+		ds2[i] = env.Dispatch
+		var err error
+		plain[i], err = w.Attach(env)
 		require.NoError(t, err)
 		t.Cleanup(func() { plain[i].Close() })
 	}
@@ -362,9 +361,8 @@ func TestSelfSpinParam(t *testing.T) {
 		val  string
 		want time.Duration
 	}{{"0", 0}, {"2ms", 2 * time.Millisecond}} {
-		set, err := params.NewSet([][2]string{{"btl_self_spin", c.val}})
-		require.NoError(t, err)
-		m, err := NewWorld().Attach(&btl.Env{Rank: 0, Size: 1, Params: set, Dispatch: &btl.Dispatcher{}, Logf: t.Logf})
+		env, _ := btltest.Env(t, nil, "", 0, 1, [2]string{"btl_self_spin", c.val})
+		m, err := NewWorld().Attach(env)
 		require.NoError(t, err)
 		require.Zero(t, m.SpinFor(0), "before Enable")
 		m.Enable()

@@ -4,12 +4,10 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,26 +15,15 @@ import (
 
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/btl/btltest"
-	"github.com/gompi-org/gompi/internal/params"
 )
-
-var jobSeq atomic.Int64
 
 // testRank is one opened rank of an in-process test job.
 type testRank struct {
-	m      *Module
-	env    *btl.Env
-	stop   chan struct{}
-	done   chan struct{}
-	once   sync.Once
-	logMu  sync.Mutex
-	logged []string
-}
-
-func (r *testRank) logf(format string, a ...any) {
-	r.logMu.Lock()
-	r.logged = append(r.logged, fmt.Sprintf(format, a...))
-	r.logMu.Unlock()
+	m    *Module
+	env  *btl.Env
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
 }
 
 // startPoller runs the loop a PML runs: Progress while there is work,
@@ -74,7 +61,7 @@ func (r *testRank) stopPoller() {
 // with parameter overrides. They close when the test ends.
 func openJob(t testing.TB, store btl.Store, n int, overrides ...[2]string) []*testRank {
 	t.Helper()
-	job := fmt.Sprintf("t%d", jobSeq.Add(1))
+	job := btltest.JobID()
 	ranks := make([]*testRank, n)
 	for i := range n {
 		ranks[i] = openRank(t, store, job, i, n, overrides...)
@@ -84,19 +71,10 @@ func openJob(t testing.TB, store btl.Store, n int, overrides ...[2]string) []*te
 
 func openRank(t testing.TB, store btl.Store, job string, i, n int, overrides ...[2]string) *testRank {
 	t.Helper()
-	set, err := params.NewSet(overrides)
-	require.NoError(t, err)
-	r := &testRank{stop: make(chan struct{})}
-	r.env = &btl.Env{Rank: i, Size: n, LocalRank: i, LocalSize: n, JobID: job,
-		Params: set, Store: store, Dispatch: &btl.Dispatcher{}, Logf: r.logf}
-	mods, err := component{}.Open(r.env)
-	require.NoError(t, err)
+	env, _, mods := btltest.Open(t, component{}, store, job, i, n, overrides...)
 	require.Len(t, mods, 1)
-	r.m = mods[0].(*Module)
-	t.Cleanup(func() {
-		r.stopPoller()
-		r.m.Close()
-	})
+	r := &testRank{m: mods[0].(*Module), env: env, stop: make(chan struct{})}
+	t.Cleanup(r.stopPoller) // before btltest.Open's Close: cleanups run last first
 	return r
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/btl/btltest"
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/internal/params"
 )
@@ -78,7 +79,7 @@ func TestChildKilled(t *testing.T) {
 	shm := devShm(t)
 	require.Empty(t, memfdState(t), "leftovers of an earlier test")
 	dir := t.TempDir()
-	job := fmt.Sprintf("child%d", jobSeq.Add(1))
+	job := btltest.JobID()
 	r := openRank(t, fileStore{dir}, job, 0, 2)
 	in := newInbox(r.env.Dispatch, tagData)
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -507,14 +506,11 @@ func TestNoLeftovers(t *testing.T) {
 	require.Empty(t, memfdState(t), "leftovers of an earlier test")
 	func() {
 		store := btltest.NewStore()
-		job := fmt.Sprintf("t%d", jobSeq.Add(1))
+		job := btltest.JobID()
 		var ranks []*testRank
 		for i := range 3 {
-			set, err := params.NewSet(nil)
-			require.NoError(t, err)
 			r := &testRank{stop: make(chan struct{})}
-			r.env = &btl.Env{Rank: i, Size: 3, LocalRank: i, LocalSize: 3, JobID: job, Params: set, Store: store,
-				Dispatch: &btl.Dispatcher{}, Logf: r.logf}
+			r.env, _ = btltest.Env(t, store, job, i, 3)
 			mods, err := component{}.Open(r.env)
 			require.NoError(t, err)
 			r.m = mods[0].(*Module)
@@ -616,13 +612,11 @@ func TestBlockIdle(t *testing.T) {
 // With more ranks than cores Block never spins: it sleeps at once.
 func TestBlockOversubscribed(t *testing.T) {
 	store := btltest.NewStore()
-	job := fmt.Sprintf("t%d", jobSeq.Add(1))
-	set, err := params.NewSet(nil)
-	require.NoError(t, err)
+	job := btltest.JobID()
 	var ms []*Module
 	for i := range 2 {
-		env := &btl.Env{Rank: i, Size: 2, LocalRank: i, LocalSize: 2, JobID: job, Params: set, Store: store,
-			Dispatch: &btl.Dispatcher{}, Logf: func(string, ...any) {}, Oversubscribed: true}
+		env, _ := btltest.Env(t, store, job, i, 2)
+		env.Oversubscribed = true
 		mods, err := component{}.Open(env)
 		require.NoError(t, err)
 		m := mods[0].(*Module)

@@ -12,10 +12,9 @@ import (
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/btl/btltest"
 	"github.com/gompi-org/gompi/internal/mpierr"
-	"github.com/gompi-org/gompi/internal/params"
 )
 
-var testSecret = []byte("0123456789abcdef-test-secret")
+var testSecret = btltest.Secret
 
 // rank is one opened rank of a test job.
 type rank struct {
@@ -49,18 +48,11 @@ func openJob(t testing.TB, store btl.Store, n int, overrides ...[2]string) []*ra
 
 func openRank(t testing.TB, store btl.Store, i, n int, overrides ...[2]string) *rank {
 	t.Helper()
-	set, err := params.NewSet(overrides)
-	require.NoError(t, err)
-	log := btltest.NewLog(t)
-	env := &btl.Env{Rank: i, Size: n, LocalRank: i, LocalSize: n, JobID: "test-job", Secret: testSecret,
-		Params: set, Store: store, Dispatch: &btl.Dispatcher{}, Logf: log.Logf}
-	mods, err := component{}.Open(env)
-	require.NoError(t, err)
+	env, log, mods := btltest.Open(t, component{}, store, "test-job", i, n, overrides...)
 	r := &rank{env: env, log: log}
 	for _, m := range mods {
 		r.mods = append(r.mods, m.(*module))
 	}
-	t.Cleanup(r.close)
 	return r
 }
 
@@ -90,9 +82,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestOpenWithoutStore(t *testing.T) {
-	set, err := params.NewSet(nil)
-	require.NoError(t, err)
-	env := &btl.Env{Rank: 0, Size: 2, LocalSize: 2, Secret: testSecret, Params: set, Dispatch: &btl.Dispatcher{}, Logf: t.Logf}
+	env, _ := btltest.Env(t, nil, "", 0, 2) // no store
 	mods, err := component{}.Open(env)
 	require.Empty(t, mods)
 	require.ErrorContains(t, err, "needs gorun's store")

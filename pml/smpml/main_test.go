@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -12,7 +11,6 @@ import (
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/btl/btltest"
 	_ "github.com/gompi-org/gompi/btl/sm" // registers the sm component
-	"github.com/gompi-org/gompi/internal/params"
 	"github.com/gompi-org/gompi/pml"
 )
 
@@ -24,23 +22,17 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-var jobSeq atomic.Int64
-
 // pmlPair joins two sm modules of this process with two PML engines (no
 // background pollers): whoever waits polls the transport itself. The
 // modules are opened and the endpoints chosen as mpi does (btl.Open,
 // btl.Reach); everything closes when the test ends.
 func pmlPair(tb testing.TB, overrides ...[2]string) (c0, c1 *pml.Comm) {
 	tb.Helper()
-	store := btltest.NewStore()
-	job := fmt.Sprintf("smpml%d", jobSeq.Add(1))
+	store, job := btltest.NewStore(), btltest.JobID()
 	var mods [2][]btl.Module
 	var envs [2]*btl.Env
 	for i := range mods {
-		set, err := params.NewSet(overrides)
-		require.NoError(tb, err)
-		envs[i] = &btl.Env{Rank: i, Size: 2, LocalRank: i, LocalSize: 2, JobID: job,
-			Params: set, Store: store, Dispatch: &btl.Dispatcher{}, Logf: btltest.NewLog(tb).Logf}
+		envs[i], _ = btltest.Env(tb, store, job, i, 2, overrides...)
 		ms, _, err := btl.Open(envs[i], "sm")
 		require.NoError(tb, err)
 		require.Len(tb, ms, 1, "sm did not open")
