@@ -1,8 +1,10 @@
 #!/bin/bash
 # instr.sh - instructions per message of the sending and the receiving halves
-# of a gompi-bench rate 8 B window (64 eager sends over sm, then 64 receives
-# with sinks and their waits, as mpi.Irecv and mpi.WaitallInto make them),
-# and of an 8-byte ping-pong, counted by valgrind's callgrind in
+# of a gompi-bench rate 8 B window (64 eager sends over sm by IsendNow, then
+# 64 receives by IrecvSink into sinks the caller holds, and their waits: the
+# PML's share of mpi.Isend, mpi.Irecv and mpi.WaitallRelease, without the
+# Handles that mpi's calls add on top, pml/handle.go), and of an 8-byte
+# ping-pong (blocking Send and Recv), counted by valgrind's callgrind in
 # pml/smpml's TestCGWindow and TestCGRoundTrip (the PML over sm) on one
 # goroutine.
 # A count, not a time: the same build gives the same figure to the tenth, so

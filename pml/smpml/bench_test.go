@@ -129,9 +129,9 @@ func BenchmarkPMLRecvWindow(b *testing.B) {
 
 // BenchmarkPMLRecvSinkWindow splits the processor work of gompi-bench rate
 // 8 B on one goroutine into the sender's and the receiver's: 64 eager
-// IsendNow into the fast box (send-ns/msg), then what mpi.Irecv and
-// mpi.WaitallInto do on the receiving rank (recv-ns/msg): IrecvSink with
-// a sink per request, the first request held and waited on (which polls
+// IsendNow into the fast box (send-ns/msg), then the PML's share of what
+// mpi.Irecv and mpi.WaitallInto do on the receiving rank (recv-ns/msg,
+// without mpi's Handles): IrecvSink with a sink per request, the first request held and waited on (which polls
 // all 64 in), the others read from their sinks, the held one given back
 // with RecycleAll.
 func BenchmarkPMLRecvSinkWindow(b *testing.B) {

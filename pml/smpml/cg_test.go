@@ -67,7 +67,9 @@ func cgRecv(t *testing.T, c1 *pml.Comm, w *cgWin) {
 	cgRecvWait(t, c1, w)
 }
 
-// cgRecvPost posts the window's receives (mpi.Irecv's work in the PML).
+// cgRecvPost posts the window's receives by IrecvSink, each with a sink
+// of the caller's (mpi.Irecv posts the same way through IrecvHandle, whose
+// Handle holds the sink).
 //
 //go:noinline
 func cgRecvPost(t *testing.T, c1 *pml.Comm, w *cgWin) {
@@ -82,8 +84,9 @@ func cgRecvPost(t *testing.T, c1 *pml.Comm, w *cgWin) {
 	}
 }
 
-// cgRecvWait waits for them as mpi.WaitallInto does: the messages are
-// polled in and matched.
+// cgRecvWait waits for them as mpi.WaitallInto waits for Handles: the
+// first wait polls the messages in and matches them, the other results
+// are read from their sinks, and the requests go back in one batch.
 //
 //go:noinline
 func cgRecvWait(t *testing.T, c1 *pml.Comm, w *cgWin) {
