@@ -1,6 +1,8 @@
 package soft
 
 import (
+	"time"
+
 	"github.com/gompi-org/gompi/btl/verbs/ibv"
 )
 
@@ -240,8 +242,10 @@ func (q *qp) buildRequest() bool {
 	if int(psnDiff(psn, q.ackPSN)) > q.window() {
 		return false
 	}
+	var now time.Time // read once per packet at most
 	if q.txIdx == 0 && q.txPkt == 0 {
-		q.lastProgress = q.dev.clock.Now()
+		now = q.dev.clock.Now()
+		q.lastProgress = now
 	}
 	if q.sentAny && psnDiff(psn, q.maxSent) <= 0 {
 		q.dev.ctr.retrans.Add(1)
@@ -343,7 +347,10 @@ func (q *qp) buildRequest() bool {
 		// packet, which carries the request's PSN; timing it to the last
 		// response would take the transfer (and its recoveries) for the
 		// round trip, and the timeout estimate would run away.
-		q.probing, q.probePSN, q.probeAt = true, psn, q.dev.clock.Now()
+		if now.IsZero() {
+			now = q.dev.clock.Now()
+		}
+		q.probing, q.probePSN, q.probeAt = true, psn, now
 	}
 	if q.timeout > 0 && !q.timerArmed {
 		q.arm(q.deadline())
