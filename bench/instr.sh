@@ -1,12 +1,11 @@
 #!/bin/bash
-# instr.sh - instructions per message of the sending and the receiving halves
-# of a gompi-bench rate 8 B window (64 eager sends over sm by IsendNow, then
-# 64 receives by IrecvSink into sinks the caller holds, and their waits: the
-# PML's share of mpi.Isend, mpi.Irecv and mpi.WaitallRelease, without the
-# Handles that mpi's calls add on top, pml/handle.go), and of an 8-byte
-# ping-pong (blocking Send and Recv), counted by valgrind's callgrind in
-# pml/smpml's TestCGWindow and TestCGRoundTrip (the PML over sm) on one
-# goroutine.
+# instr.sh - instructions per message of mpi's nonblocking calls' path
+# through the PML, Handles included: the sending and the receiving halves
+# of a gompi-bench rate 8 B window over sm (64 eager IsendHandle, then 64
+# IrecvHandle, each followed by the PML calls of mpi.Comm.WaitallRelease),
+# and of an 8-byte ping-pong (blocking Send and Recv), counted by
+# valgrind's callgrind in pml/smpml's TestCGWindow and TestCGRoundTrip (the
+# PML over sm) on one goroutine. mpi's own argument checks are not counted.
 # A count, not a time: the same build gives the same figure to the tenth, so
 # a change of a few instructions shows where timings on this machine drown
 # it in noise. Needs valgrind (apt-get install -y valgrind). Run from the

@@ -10,10 +10,12 @@ import (
 	"github.com/gompi-org/gompi/pml"
 )
 
-// TestCGWindow runs CG_WINDOWS windows of the receiver's work in
-// gompi-bench rate 8 B (see BenchmarkPMLRecvSinkWindow), the sending and
-// the receiving halves in separate functions, for an instruction counter
-// (valgrind --tool=callgrind --toggle-collect=*cgRecv*).
+// TestCGWindow runs CG_WINDOWS windows of gompi-bench rate 8 B on one
+// goroutine (see BenchmarkPMLRateWindow), the sending and the receiving
+// halves in separate functions, for an instruction counter (valgrind
+// --tool=callgrind --toggle-collect=*cgRecv*, bench/instr.sh). Each half
+// makes the PML calls that mpi makes for it: 64 IsendHandle or
+// IrecvHandle, then mpi.Comm.WaitallRelease's (waitallRelease).
 func TestCGWindow(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("CG_WINDOWS"))
 	if n == 0 {
@@ -21,6 +23,7 @@ func TestCGWindow(t *testing.T) {
 	}
 	c0, c1 := pmlPair(t, [2]string{"pml_wait_spin", "1s"})
 	w := &cgWin{sb: pml.Buffer{Bytes: make([]byte, 8)}, rb: pml.Buffer{Bytes: make([]byte, 8)}}
+	checkSendsAtOnce(t, c0, c1, w)
 	growStack(64)
 	runtime.GC() // none in the counted windows: the loop allocates nothing
 	defer debug.SetGCPercent(debug.SetGCPercent(-1))
@@ -29,6 +32,29 @@ func TestCGWindow(t *testing.T) {
 		cgRecv(t, c1, w)
 		c0.Engine().Progress() // the receiver's CREDITs (pml flow control), uncounted
 	}
+}
+
+// checkSendsAtOnce runs one window, uncounted, checking what the counted
+// ones rely on: each of the 64 sends goes to sm within its call (a Handle
+// done at once), so the sender's wait, on the goroutine that also
+// receives, has nothing to wait for.
+func checkSendsAtOnce(tb testing.TB, c0, c1 *pml.Comm, w *cgWin) {
+	tb.Helper()
+	for i := range w.sends {
+		h, err := c0.IsendHandle(w.sb, 1, 1, pml.Standard, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if _, ok := h.Ready(); !ok {
+			tb.Fatalf("send %d of the window did not go at once", i)
+		}
+		w.sends[i] = h
+	}
+	if err := waitallRelease(c0, w.sends[:]); err != nil {
+		tb.Fatal(err)
+	}
+	cgRecv(tb, c1, w)
+	c0.Engine().Progress()
 }
 
 // growStack grows the goroutine's stack by at least depth KiB, so that no
@@ -45,70 +71,57 @@ func growStack(depth int) byte {
 	return pad[0]
 }
 
+// cgWin is a window's buffers and Handles (mpi.Requests are Handles).
 type cgWin struct {
-	sb, rb pml.Buffer
-	reqs   [64]*pml.Request
-	sinks  [64]pml.Sink
-	back   []*pml.Request
+	sb, rb       pml.Buffer
+	sends, recvs [64]*pml.Handle
 }
 
-//go:noinline
-func cgSend(t *testing.T, c0 *pml.Comm, w *cgWin) {
-	for range w.reqs {
-		if r, err := c0.IsendNow(w.sb, 1, 1, pml.Standard); err != nil || r != nil {
-			t.Fatal(err, r)
-		}
-	}
-}
-
-//go:noinline
-func cgRecv(t *testing.T, c1 *pml.Comm, w *cgWin) {
-	cgRecvPost(t, c1, w)
-	cgRecvWait(t, c1, w)
-}
-
-// cgRecvPost posts the window's receives by IrecvSink, each with a sink
-// of the caller's (mpi.Irecv posts the same way through IrecvHandle, whose
-// Handle holds the sink).
+// cgSend is the sending rank's window: 64 Isends and their WaitallRelease.
 //
 //go:noinline
-func cgRecvPost(t *testing.T, c1 *pml.Comm, w *cgWin) {
-	var err error
-	for i := range w.reqs {
-		s := &w.sinks[i]
-		*s = pml.Sink{}
-		s.State.Init(pml.SinkMode)
-		if w.reqs[i], err = c1.IrecvSink(w.rb, 0, 1, s); err != nil {
-			t.Fatal(err)
+func cgSend(tb testing.TB, c0 *pml.Comm, w *cgWin) {
+	for i := range w.sends {
+		h, err := c0.IsendHandle(w.sb, 1, 1, pml.Standard, nil)
+		if err != nil {
+			tb.Fatal(err)
 		}
+		w.sends[i] = h
+	}
+	if err := waitallRelease(c0, w.sends[:]); err != nil {
+		tb.Fatal(err)
 	}
 }
 
-// cgRecvWait waits for them as mpi.WaitallInto waits for Handles: the
-// first wait polls the messages in and matches them, the other results
-// are read from their sinks, and the requests go back in one batch.
+// cgRecv is the receiving rank's window: 64 Irecvs (cgRecvPost) and their
+// WaitallRelease (cgRecvWait).
 //
 //go:noinline
-func cgRecvWait(t *testing.T, c1 *pml.Comm, w *cgWin) {
-	w.back = w.back[:0]
-	for i, r := range w.reqs {
-		s := &w.sinks[i]
-		if s.State.Load()&pml.SinkGone == 0 {
-			s.State.Add(1)
-			if s.State.Load()&pml.SinkGone == 0 {
-				if err := c1.Engine().Wait(nil, r); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if x := s.ReleaseKeep(r); x != nil {
-				w.back = append(w.back, x)
-			}
+func cgRecv(tb testing.TB, c1 *pml.Comm, w *cgWin) {
+	cgRecvPost(tb, c1, w)
+	cgRecvWait(tb, c1, w)
+}
+
+//go:noinline
+func cgRecvPost(tb testing.TB, c1 *pml.Comm, w *cgWin) {
+	for i := range w.recvs {
+		h, err := c1.IrecvHandle(w.rb, 0, 1)
+		if err != nil {
+			tb.Fatal(err)
 		}
-		if _, err := s.Result(); err != nil {
-			t.Fatal(err)
-		}
+		w.recvs[i] = h
 	}
-	c1.Engine().RecycleAll(w.back)
+}
+
+// cgRecvWait waits for the window's receives: the first wait polls the
+// 64 messages in and matches them, the others find their results in their
+// Handles, and KeepHandles keeps the Handles for the next window's posts.
+//
+//go:noinline
+func cgRecvWait(tb testing.TB, c1 *pml.Comm, w *cgWin) {
+	if err := waitallRelease(c1, w.recvs[:]); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 // TestCGRoundTrip runs CG_ROUNDS round trips of an 8-byte ping-pong (the

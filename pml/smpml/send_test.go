@@ -21,13 +21,15 @@ func TestEagerSendWithoutRequest(t *testing.T) {
 		c0, c1 := pmlPair(t, over...)
 		for i, size := range []int{0, 8, pml.ImmediateMax, pml.ImmediateMax + 1, 512, 4096, 8192} {
 			msg := bytes.Repeat([]byte{byte(i + 1)}, size)
-			r, err := c0.IsendNow(pml.Buffer{Bytes: msg}, 1, i, pml.Standard)
+			h, err := c0.IsendHandle(pml.Buffer{Bytes: msg}, 1, i, pml.Standard, nil)
 			require.NoError(t, err)
+			_, atOnce := h.Ready() // done within the call: no PML request behind h
 			if force == "" || size <= pml.ImmediateMax {
-				require.Nil(t, r, "size %d, force %q: sent with a request", size, force)
+				require.True(t, atOnce, "size %d, force %q: sent with a request", size, force)
 			} else {
-				require.NotNil(t, r, "size %d, forced %q: sent without a request", size, force)
-				require.NoError(t, c0.Engine().Wait(nil, r))
+				require.False(t, atOnce, "size %d, forced %q: sent without a request", size, force)
+				_, err := h.Wait(nil)
+				require.NoError(t, err)
 			}
 			got := make([]byte, size+1)
 			st, err := c1.Recv(pml.Buffer{Bytes: got}, 0, i)
@@ -44,22 +46,22 @@ func TestEagerSendWithoutRequest(t *testing.T) {
 func TestEagerSendRefusedKeepsOrder(t *testing.T) {
 	c0, c1 := pmlPair(t)
 	const n, size = 200, 4 << 10
-	var reqs []*pml.Request
+	var pending []*pml.Handle
 	for i := range n {
 		msg := bytes.Repeat([]byte{byte(i)}, size)
-		r, err := c0.IsendNow(pml.Buffer{Bytes: msg}, 1, 7, pml.Standard)
+		h, err := c0.IsendHandle(pml.Buffer{Bytes: msg}, 1, 7, pml.Standard, nil)
 		require.NoError(t, err)
-		if r != nil {
-			reqs = append(reqs, r)
+		if _, atOnce := h.Ready(); !atOnce {
+			pending = append(pending, h)
 		}
 	}
-	require.NotEmpty(t, reqs, "every send was taken at once: the test did not fill the transport")
+	require.NotEmpty(t, pending, "every send was taken at once: the test did not fill the transport")
 	// The sender's queue moves when its side polls: waiting on its
 	// requests does (pmlPair starts no background pollers).
 	sent := make(chan error, 1)
 	go func() {
-		for _, r := range reqs {
-			if err := c0.Engine().Wait(nil, r); err != nil {
+		for _, h := range pending {
+			if _, err := h.Wait(nil); err != nil {
 				sent <- err
 				return
 			}
