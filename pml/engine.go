@@ -435,13 +435,6 @@ type procSeq struct {
 	grantQ                 bool
 }
 
-// NextContext returns the lowest context id this engine has not used.
-func (e *Engine) NextContext() uint32 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.nextCtx
-}
-
 // ProposeContext reserves and returns the lowest context id >= from that
 // is neither in use nor reserved here. Communicator creation agrees on an
 // id in rounds (as Open MPI's CID allocation does): every participant
@@ -590,17 +583,14 @@ func newReq(owned bool) *Request {
 	return r
 }
 
-// Recycle gives a completed request back to the pool. The caller must
-// have seen it Done and must not touch it again.
-func Recycle(r *Request) { recycle(r) }
-
 // freeMax bounds an engine's free list of receive requests (~0.5 KiB each).
 const freeMax = 256
 
-// RecycleAll is Recycle for many requests at once (a Waitall's): the
-// poolable ones of this engine go to its free list, which Irecv takes
-// from, under one hold of the lock; the others as Recycle. It reorders rs
-// (scratch space for it); the caller must not touch the requests again.
+// RecycleAll gives completed requests back, many at once (a Waitall's):
+// the poolable ones of this engine go to its free list, which Irecv takes
+// from, under one hold of the lock; the others to the sync.Pool. It
+// reorders rs (scratch space for it); the caller must have seen them done
+// and must not touch them again.
 func (e *Engine) RecycleAll(rs []*Request) {
 	n := 0
 	for _, r := range rs {

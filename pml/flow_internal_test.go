@@ -64,7 +64,7 @@ func TestFlowWindowBoundsUnexpected(t *testing.T) {
 							}
 							continue
 						}
-						r, err := cs[s].IsendNow(Buffer{Bytes: b}, 3, 1, Standard)
+						r, err := cs[s].isendNow(Buffer{Bytes: b}, 3, 1, Standard)
 						if err != nil {
 							errs <- err
 							return

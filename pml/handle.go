@@ -11,7 +11,7 @@ import (
 //
 // A receive's Handle is in sink mode: the engine writes the result into
 // its sink at completion and gives the PML request back itself when no
-// call on the Handle holds it (Sink). Any other Handle's result is copied
+// call on the Handle holds it (sink). Any other Handle's result is copied
 // in by the first call that finds the PML request done, which gives that
 // request back. Calls on one Handle from several goroutines at once stay
 // safe: each holds a use count in the state word while it touches the PML
@@ -25,7 +25,7 @@ import (
 // per 64; mpi.Request is defined as this type, so mpi converts a *Handle
 // to its *Request and back without copying or unsafe.
 type Handle struct {
-	s Sink
+	s sink
 	// p is the PML request, set at creation and never changed (nil for a
 	// call done at once); once the sink is gone, p may be back in the
 	// pool (and another's) and is not touched. A plain p saves an atomic
@@ -81,7 +81,7 @@ func (c *Comm) newHandleLocked() *Handle {
 		h = &c.rslab.hs[c.rnext]
 		c.rnext++
 	}
-	h.s.State.Init(SinkMode | sinkReusable)
+	h.s.State.set(sinkMode | sinkReusable)
 	return h
 }
 
@@ -96,7 +96,7 @@ func (c *Comm) IrecvHandle(buf Buffer, src, tag int) (*Handle, error) {
 	}
 	// The sink gets the result: sink mode, set before postRecv shares h.
 	h := c.newHandle()
-	h.s.State.Init(SinkMode)
+	h.s.State.set(sinkMode)
 	r, err := c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv, &h.s)
 	if err != nil {
 		return nil, err
@@ -107,14 +107,14 @@ func (c *Comm) IrecvHandle(buf Buffer, src, tag int) (*Handle, error) {
 
 // IsendHandle is Isend whose request the caller holds as a Handle:
 // mpi.Comm's one call into the PML for a nonblocking send. A message sent
-// within the call (IsendNow) gets a Handle done at once, shared by the
+// within the call (isendNow) gets a Handle done at once, shared by the
 // sends with the same status (sentHandle); release is Isend's (buffered
-// mode), and such a send does not try IsendNow's immediate way.
+// mode), and such a send does not try isendNow's immediate way.
 func (c *Comm) IsendHandle(buf Buffer, dest, tag int, mode Mode, release func()) (*Handle, error) {
 	var r *Request
 	var err error
 	if release == nil {
-		r, err = c.IsendNow(buf, dest, tag, mode)
+		r, err = c.isendNow(buf, dest, tag, mode)
 		if err == nil && r == nil {
 			return c.sentHandle(dest, tag, buf.Len()), nil
 		}
@@ -153,7 +153,7 @@ func DoneHandle(st Status) *Handle {
 	h := &Handle{}
 	h.s.store(st, nil)
 	if st.Cancelled {
-		h.s.State.Init(sinkCancelled)
+		h.s.State.set(sinkCancelled)
 	}
 	return h
 }
@@ -165,7 +165,7 @@ func DoneHandle(st Status) *Handle {
 func (c *Comm) KeepHandles(hs []*Handle) {
 	n := 0
 	for _, h := range hs {
-		if h != nil && h.s.State.Load() == SinkGone|SinkMode|sinkReusable && h.s.Extra == nil {
+		if h != nil && h.s.State.Load() == sinkGone|sinkMode|sinkReusable && h.s.Extra == nil {
 			hs[n] = h
 			n++
 		}
@@ -180,9 +180,9 @@ func (c *Comm) KeepHandles(hs []*Handle) {
 	clear(hs)
 }
 
-// Stored returns the result copied into h; valid once Acquire returned
+// stored returns the result copied into h; valid once Acquire returned
 // nil.
-func (h *Handle) Stored() (Status, error) { return h.s.Result() }
+func (h *Handle) stored() (Status, error) { return h.s.Result() }
 
 // Ready returns h's result when it is here without an error and nothing
 // is left to wait for or give back (a send done at once, a receive whose
@@ -190,19 +190,19 @@ func (h *Handle) Stored() (Status, error) { return h.s.Result() }
 // of a rate window against about 100 through WaitAlone (callgrind of
 // gompi-bench rate 8 B under gorun).
 func (h *Handle) Ready() (Status, bool) {
-	if s := h.s.State.Load(); (h.p == nil || s&SinkGone != 0) && h.s.Extra == nil {
+	if s := h.s.State.Load(); (h.p == nil || s&sinkGone != 0) && h.s.Extra == nil {
 		return Status{Source: int(h.s.Source), Tag: int(h.s.Tag), Count: int(h.s.Count), Cancelled: s&sinkCancelled != 0}, true
 	}
 	return Status{}, false
 }
 
 // Acquire returns the PML request with a use count held (Release drops
-// it), or nil when the result is already here (Stored).
+// it), or nil when the result is already here (stored).
 func (h *Handle) Acquire() *Request {
-	if h.p == nil || h.s.State.Load()&SinkGone != 0 { // gone never ends: no count needed
+	if h.p == nil || h.s.State.Load()&sinkGone != 0 { // gone never ends: no count needed
 		return nil
 	}
-	if h.s.State.Add(1)&SinkGone != 0 {
+	if h.s.State.Add(1)&sinkGone != 0 {
 		h.Release()
 		return nil
 	}
@@ -237,7 +237,7 @@ func (h *Handle) Done() bool {
 func (h *Handle) Result() (Status, error) {
 	pr := h.Acquire()
 	if pr == nil {
-		return h.Stored()
+		return h.stored()
 	}
 	return h.finish(pr)
 }
@@ -258,9 +258,9 @@ func (h *Handle) finishKeep(pr *Request) (Status, *Request, error) {
 	// Sink mode: the engine stores the result (maybe not quite yet: it
 	// marks the sink gone just after completing pr); held, pr is still
 	// ours. Or another call takes the result.
-	if h.s.State.Load()&SinkMode != 0 || h.s.State.or(sinkTaken)&sinkTaken != 0 {
+	if h.s.State.Load()&sinkMode != 0 || h.s.State.or(sinkTaken)&sinkTaken != 0 {
 		st, err := pr.Result()
-		return st, h.s.ReleaseKeep(pr), err
+		return st, h.s.releaseKeep(pr), err
 	}
 	return h.finishTakenKeep(pr)
 }
@@ -283,7 +283,7 @@ func (h *Handle) finishTakenKeep(pr *Request) (Status, *Request, error) {
 	// Gone (later calls read st and err) and this call's use dropped, at
 	// once. A call that looks from now on sees gone: once the count is
 	// zero, nobody can reach pr any more.
-	add := uint32(SinkGone - 1)
+	add := uint32(sinkGone - 1)
 	if st.Cancelled {
 		add += sinkCancelled
 	}
@@ -301,27 +301,27 @@ func (h *Handle) finishTakenKeep(pr *Request) (Status, *Request, error) {
 // instead of three (acquire, taken, gone). A wait without a context always
 // ends with the result, so taking it first is safe; a WaitContext may give
 // up, so it takes it at the end. more: the caller has more requests to
-// wait for after this one (Engine.WaitMore). back is the PML request for
+// wait for after this one (Engine.waitMore). back is the PML request for
 // the caller to give back (Engine.RecycleAll: a Waitall gives them back in
 // batches); ok false: not the common case, nothing done.
 func (h *Handle) WaitAlone(more bool) (st Status, back *Request, ok bool, err error) {
 	pr := h.p
 	if pr == nil { // done at once (an eager send, say): the result is here
-		st, err = h.Stored()
+		st, err = h.stored()
 		return st, nil, true, err
 	}
-	if s := h.s.State.Load(); s&SinkMode != 0 {
-		if s&SinkGone != 0 {
-			st, err = h.Stored()
+	if s := h.s.State.Load(); s&sinkMode != 0 {
+		if s&sinkGone != 0 {
+			st, err = h.stored()
 			return st, nil, true, err
 		}
 		if pr = h.Acquire(); pr == nil {
-			st, err = h.Stored()
+			st, err = h.stored()
 			return st, nil, true, err
 		}
 		waitFor(pr, more) // without a context it returns once pr is done
 		if h.s.State.Load()&sinkUsers > 1 {
-			pr.Wake() // another goroutine may be parked on pr too
+			pr.wake() // another goroutine may be parked on pr too
 		}
 		st, back, err = h.finishKeep(pr)
 		return st, back, true, err
@@ -331,17 +331,17 @@ func (h *Handle) WaitAlone(more bool) (st Status, back *Request, ok bool, err er
 	}
 	waitFor(pr, more) // without a context it returns once pr is done
 	if h.s.State.Load()&sinkUsers > 1 {
-		pr.Wake() // another goroutine may be parked on pr too
+		pr.wake() // another goroutine may be parked on pr too
 	}
 	st, back, err = h.finishTakenKeep(pr)
 	return st, back, true, err
 }
 
 // waitFor waits for pr; more: the caller has more requests to wait for
-// after this one (Engine.WaitMore).
+// after this one (Engine.waitMore).
 func waitFor(pr *Request, more bool) {
 	if more {
-		pr.Engine().WaitMore(pr)
+		pr.Engine().waitMore(pr)
 	} else {
 		pr.Engine().Wait(nil, pr)
 	}
@@ -361,20 +361,20 @@ func (h *Handle) Wait(ctx context.Context) (Status, error) {
 	}
 	pr := h.Acquire()
 	if pr == nil {
-		return h.Stored()
+		return h.stored()
 	}
 	if err := pr.Engine().Wait(ctx, pr); err != nil {
 		h.Release()
 		return Status{}, err
 	}
 	// Alone on h (one use, ours, not taken): take it with one swap.
-	if h.s.State.Load()&SinkMode == 0 && h.s.State.compareAndSwap(1, sinkTaken|1) {
+	if h.s.State.Load()&sinkMode == 0 && h.s.State.compareAndSwap(1, sinkTaken|1) {
 		return h.finishTaken(pr)
 	}
 	// One completion rings one parked waiter: pass it on when another
 	// goroutine may be parked on pr too.
 	if h.s.State.Load()&sinkUsers > 1 {
-		pr.Wake()
+		pr.wake()
 	}
 	return h.finish(pr)
 }
@@ -384,7 +384,7 @@ func (h *Handle) Wait(ctx context.Context) (Status, error) {
 func (h *Handle) Test() (Status, bool, error) {
 	pr := h.Acquire()
 	if pr == nil {
-		st, err := h.Stored()
+		st, err := h.stored()
 		return st, true, err
 	}
 	if !pr.Done() {

@@ -25,7 +25,7 @@ func TestHandleResultStorage(t *testing.T) {
 		{Status{Source: 2, Tag: 0, Count: 1 << 40}, trunc},
 		{Status{Source: -1, Tag: AnyTag, Count: 0}, trunc},
 	} {
-		var s Sink
+		var s sink
 		s.store(c.st, c.err)
 		st, err := s.Result()
 		require.Equal(t, c.st, st)

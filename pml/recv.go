@@ -36,15 +36,15 @@ func (c *Comm) checkSlow() error {
 // Irecv posts a receive into buf from communicator rank src (or AnySource)
 // with tag (or AnyTag). The caller validated src and tag.
 func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
-	return c.IrecvSink(buf, src, tag, nil)
+	return c.irecvSink(buf, src, tag, nil)
 }
 
-// IrecvSink is Irecv whose result goes into s when s is not nil (see
-// Sink); s.State must hold SinkMode and nothing else. The request
+// irecvSink is Irecv whose result goes into s when s is not nil (see
+// sink); s.State must hold sinkMode and nothing else. The request
 // returned must not be used once s is gone: it may be back in the free
-// list. Irecv, IrecvSink and IrecvHandle post by postPlain when they can,
+// list. Irecv, irecvSink and IrecvHandle post by postPlain when they can,
 // else by postRecv.
-func (c *Comm) IrecvSink(buf Buffer, src, tag int, s *Sink) (*Request, error) {
+func (c *Comm) irecvSink(buf Buffer, src, tag int, s *sink) (*Request, error) {
 	if buf.Conv == nil {
 		if r, _ := c.postPlain(nil, buf.Bytes, src, tag, s, false); r != nil {
 			return r, nil
@@ -133,7 +133,7 @@ func (e *Engine) putSpare(r *Request) {
 // with the lock held once the receive is sure to be posted (IrecvHandle).
 // It returns the request posted and the new Handle, or nil with nothing
 // changed when the case does not apply (postRecv then checks it all).
-func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *Sink, handle bool) (*Request, *Handle) {
+func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *sink, handle bool) (*Request, *Handle) {
 	e := c.e
 	if uint(src) >= uint(len(c.group)) || tag < 0 {
 		return nil, nil
@@ -179,7 +179,7 @@ func (r *Request) setRecv(kind reqKind, c *Comm, src, tag int, b []byte, conv Co
 // receives overflows its per-processor slot). It returns the request
 // posted. The buffer comes in its fields: a whole Buffer (40 bytes) passed
 // on is copied through memory with stalling wide loads.
-func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind reqKind, sink *Sink) (*Request, error) {
+func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind reqKind, sink *sink) (*Request, error) {
 	rNil := r == nil
 	if r != nil {
 		r.setRecv(kind, c, src, tag, b, conv)

@@ -97,7 +97,7 @@ type reqState struct {
 	quiet bool
 	slow  bool  // a GET of this message failed and its range went by copy
 	flags uint8 // recv: flags of the matched RNDV/RGET
-	sink  *Sink // recv: where the result goes (IrecvSink), nil otherwise
+	sink  *sink // recv: where the result goes (a Handle's), nil otherwise
 
 	// immutable after start
 	comm *Comm
@@ -144,7 +144,7 @@ type span struct{ off, n int }
 // only that, one locked instruction per receive instead of two.
 func (r *Request) Done() bool {
 	if s := r.sink; s != nil {
-		return s.State.Load()&SinkGone != 0
+		return s.State.Load()&sinkGone != 0
 	}
 	return r.done.Load() == r.gen+1
 }
@@ -156,9 +156,6 @@ func (r *Request) Result() (Status, error) { return r.status, r.err }
 // layer, while it holds r (not after recycling it).
 func (r *Request) Engine() *Engine { return r.comm.e }
 func (r *Request) Comm() *Comm     { return r.comm }
-
-// Kind helpers for the mpi layer.
-func (r *Request) IsRecv() bool { return r.kind == kindRecv }
 
 type waiter struct{ ch chan struct{} }
 
@@ -211,12 +208,12 @@ func (e *Engine) Wait(ctx context.Context, r *Request) error {
 	return e.wait(ctx, r, false)
 }
 
-// WaitMore is Wait (without a context) for a caller with more requests
+// waitMore is Wait (without a context) for a caller with more requests
 // to wait for after r, whose messages stream in behind r's (Waitall): a
 // poll that finds nothing is followed by a short pause (bulkPause), so
 // that the polling does not take the sender's fast-box line from it after
 // every entry it writes.
-func (e *Engine) WaitMore(r *Request) error {
+func (e *Engine) waitMore(r *Request) error {
 	return e.wait(nil, r, true)
 }
 
@@ -230,7 +227,7 @@ func (e *Engine) wait(ctx context.Context, r *Request, bulk bool) error {
 	}
 	// Every Wait on r shares r.own (made with r), so goroutines waiting on
 	// one request at once (mpi.Request allows it) do not hide each other's
-	// waiter; the one woken passes the wake-up on (Wake). r.w stays set
+	// waiter; the one woken passes the wake-up on (wake). r.w stays set
 	// after the wait (reset clears it): clearing it here could hide the
 	// waiter of a goroutine still waiting. A token left in the channel
 	// only makes a later wait on r loop once more (it re-checks Done).
@@ -286,9 +283,9 @@ func (e *Engine) wait(ctx context.Context, r *Request, bulk bool) error {
 	return nil
 }
 
-// Wake rings r's waiter channel: a goroutine that returned from Wait calls
+// wake rings r's waiter channel: a goroutine that returned from Wait calls
 // it when others may still be parked on the same request.
-func (r *Request) Wake() {
+func (r *Request) wake() {
 	select {
 	case r.own.ch <- struct{}{}:
 	default:
@@ -543,7 +540,7 @@ func (r *Request) mustBeClean() {
 	}
 }
 
-// WaitMore's pause after a poll that found nothing (bulkNap), for
+// waitMore's pause after a poll that found nothing (bulkNap), for
 // receives of at most bulkMax bytes: for larger ones the pause slowed
 // the rendezvous protocols (bw 1 MiB over sm 45.9 -> 35.2 GB/s).
 const (

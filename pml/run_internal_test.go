@@ -111,7 +111,7 @@ func TestRecycleAllFreeList(t *testing.T) {
 }
 
 // Nonblocking calls give the processor up once per yieldEvery (Irecvs that
-// were posted, IsendNow's eager sends); blocking eager calls never do.
+// were posted, isendNow's eager sends); blocking eager calls never do.
 func TestYieldEvery(t *testing.T) {
 	calls := 0
 	yield = func() { calls++ }
@@ -141,17 +141,17 @@ func TestYieldEvery(t *testing.T) {
 	}
 	require.Equal(t, 2, calls, "posted Irecvs")
 	for range n {
-		r, err := cs[0].IsendNow(Buffer{Bytes: b}, 1, 4, Standard)
+		r, err := cs[0].isendNow(Buffer{Bytes: b}, 1, 4, Standard)
 		require.NoError(t, err)
 		require.Nil(t, r)
 	}
-	require.Equal(t, 4, calls, "eager IsendNows")
+	require.Equal(t, 4, calls, "eager isendNows")
 	for _, r := range reqs {
 		require.True(t, r.Done())
 	}
 }
 
-// A receive made with a sink (IrecvSink, mpi's Irecv) gets its result
+// A receive made with a sink (irecvSink; mpi's Irecv's Handle holds one) gets its result
 // written there at completion. With no call of the owner holding the
 // request, the engine gives it back to its free list at once; with one
 // holding it, the sink says so (sinkRecycle) and the holder's Release gives
@@ -164,15 +164,15 @@ func TestSinkCompletion(t *testing.T) {
 		require.NoError(t, cs[0].Send(Buffer{Bytes: []byte{v, 2, 3, 4, 5, 6, 7, 8}}, 1, tag, Standard))
 	}
 
-	var s1 Sink
-	s1.State.store(SinkMode)
-	r1, err := cs[1].IrecvSink(Buffer{Bytes: b}, 0, 5, &s1)
+	var s1 sink
+	s1.State.store(sinkMode)
+	r1, err := cs[1].irecvSink(Buffer{Bytes: b}, 0, 5, &s1)
 	require.NoError(t, err)
 	e.mu.Lock()
 	free := len(e.free)
 	e.mu.Unlock()
 	send(5, 42)
-	require.Equal(t, uint32(SinkMode|SinkGone), s1.State.Load(), "gone, nothing to recycle by the owner")
+	require.Equal(t, uint32(sinkMode|sinkGone), s1.State.Load(), "gone, nothing to recycle by the owner")
 	st, err := s1.Result()
 	require.NoError(t, err)
 	require.Equal(t, Status{Source: 0, Tag: 5, Count: 8}, st)
@@ -182,18 +182,18 @@ func TestSinkCompletion(t *testing.T) {
 	require.Same(t, r1, e.free[len(e.free)-1])
 	e.mu.Unlock()
 
-	var s2 Sink
-	s2.State.store(SinkMode)
-	r2, err := cs[1].IrecvSink(Buffer{Bytes: b}, 0, 6, &s2)
+	var s2 sink
+	s2.State.store(sinkMode)
+	r2, err := cs[1].irecvSink(Buffer{Bytes: b}, 0, 6, &s2)
 	require.NoError(t, err)
 	require.Same(t, r1, r2, "taken from the free list")
 	s2.State.Add(1) // a call holds it
 	send(6, 43)
-	require.Equal(t, uint32(SinkMode|SinkGone|sinkRecycle|1), s2.State.Load())
+	require.Equal(t, uint32(sinkMode|sinkGone|sinkRecycle|1), s2.State.Load())
 	require.True(t, r2.Done())
 	gen := r2.gen
 	s2.release(r2) // the last holder gives it back
-	require.Equal(t, uint32(SinkMode|SinkGone), s2.State.Load())
+	require.Equal(t, uint32(sinkMode|sinkGone), s2.State.Load())
 	require.Equal(t, gen+1, r2.gen, "recycled once")
 	s2.State.Add(1) // a late call that sees gone and lets go
 	s2.release(r2)

@@ -78,11 +78,11 @@ func (c *Comm) target(dest, tag int) (*peer, error) {
 // The message must queue behind them: not by the fast path.
 var errQueued = errors.New("pml: operations queued for the peer")
 
-// IsendNow is Isend (without a release) that sends a small message at once
+// isendNow is Isend (without a release) that sends a small message at once
 // when it can: it then returns a nil request and the send is complete
 // (ob1's isend tries the transport's immediate send the same way, before
 // it allocates a request). Otherwise it returns the request in flight.
-func (c *Comm) IsendNow(buf Buffer, dest, tag int, mode Mode) (*Request, error) {
+func (c *Comm) isendNow(buf Buffer, dest, tag int, mode Mode) (*Request, error) {
 	r, done, err := c.sendNow(buf.Bytes, buf.Conv, dest, tag, mode)
 	if err != nil || done {
 		if done {
@@ -93,7 +93,7 @@ func (c *Comm) IsendNow(buf Buffer, dest, tag int, mode Mode) (*Request, error) 
 	return c.Isend(buf, dest, tag, mode, nil)
 }
 
-// sendNow is the eager fast path of Send and IsendNow. done reports that
+// sendNow is the eager fast path of Send and isendNow. done reports that
 // it took the message: then either it is gone (r nil) or it went to the
 // transport from the user's buffer under r (r must be waited on and
 // recycled). done false: the general path must carry it; nothing changed.

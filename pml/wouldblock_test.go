@@ -96,9 +96,11 @@ func TestWouldBlockKeepsPeerOrder(t *testing.T) {
 	rs := g.irecv(1, 0, 4, 40, small)
 	sb := g.isend(0, 1, 3, big, pml.Standard)
 	require.Equal(t, 1, g.eng[0].Queued(), "the RNDV was refused and queued")
-	ss, err := g.comm[0].IsendNow(pml.Buffer{Bytes: small}, 1, 4, pml.Standard)
+	h, err := g.comm[0].IsendHandle(pml.Buffer{Bytes: small}, 1, 4, pml.Standard, nil)
 	require.NoError(t, err)
+	ss := h.Acquire() // the request behind h, held until the test ends; nil: sent at once
 	require.NotNil(t, ss, "an eager send behind a queued operation must queue, not go at once")
+	defer h.Release()
 	require.Equal(t, 0, g.net.Len(), "nothing may reach the transport before the queued RNDV")
 	require.Equal(t, 2, g.eng[0].Queued())
 	g.eng[0].Progress()
