@@ -58,7 +58,7 @@ func benchMatch(b *testing.B, posted, src int) {
 	recv, send := selfPair(b)
 	buf := make([]byte, 8)
 	for tag := range posted - 1 {
-		if _, err := recv.Irecv(pml.Buffer{Bytes: buf}, src, tag); err != nil {
+		if _, err := recv.IrecvHandle(pml.Buffer{Bytes: buf}, src, tag); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -66,7 +66,7 @@ func benchMatch(b *testing.B, posted, src int) {
 	msg := make([]byte, 8)
 	b.ReportAllocs()
 	for b.Loop() {
-		r, err := recv.Irecv(pml.Buffer{Bytes: buf}, src, last)
+		r, err := recv.IrecvHandle(pml.Buffer{Bytes: buf}, src, last)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -7,13 +7,14 @@
 //
 // The Engine is a state machine without goroutines, sockets or clocks of
 // its own (the one exception, the background poller of polled transports,
-// is started only by Start): events come in as method calls (Isend, Irecv,
-// Cancel, and inbound fragments through the btl.Dispatcher handlers it
+// is started only by Start): events come in as method calls (IsendHandle,
+// IrecvHandle, Cancel, and inbound fragments through the btl.Dispatcher handlers it
 // registers), and actions go out as btl calls made after the engine lock
 // is released. Request.Wait and the pollers are the thin driver.
 //
-// Entry points: New, Engine.SetPeer, Engine.NewComm, then Comm.Isend /
-// Comm.Irecv / Comm.Send / Comm.Recv and Engine.Wait.
+// Entry points: New, Engine.SetPeer, Engine.NewComm, then
+// Comm.IsendHandle / Comm.IrecvHandle (waited for through the Handle) and
+// Comm.Send / Comm.Recv.
 package pml
 
 import (

@@ -85,8 +85,12 @@ func (c *Comm) newHandleLocked() *Handle {
 	return h
 }
 
-// IrecvHandle is Irecv whose request the caller holds as a Handle (see
-// Handle): mpi.Comm.Irecv's one call into the PML.
+// IrecvHandle posts a receive into buf from communicator rank src (or
+// AnySource) with tag (or AnyTag) and returns the Handle the caller holds
+// it by (see Handle): mpi.Comm.Irecv's one call into the PML. The caller
+// validated src and tag. buf's fields go on separately: a Buffer (40
+// bytes) passed on whole is copied through memory with stalling wide
+// loads.
 func (c *Comm) IrecvHandle(buf Buffer, src, tag int) (*Handle, error) {
 	if buf.Conv == nil {
 		if r, h := c.postPlain(nil, buf.Bytes, src, tag, nil, true); r != nil {
@@ -105,11 +109,13 @@ func (c *Comm) IrecvHandle(buf Buffer, src, tag int) (*Handle, error) {
 	return h, nil
 }
 
-// IsendHandle is Isend whose request the caller holds as a Handle:
-// mpi.Comm's one call into the PML for a nonblocking send. A message sent
-// within the call (isendNow) gets a Handle done at once, shared by the
-// sends with the same status (sentHandle); release is Isend's (buffered
-// mode), and such a send does not try isendNow's immediate way.
+// IsendHandle starts a send of buf to communicator rank dest and returns
+// the Handle the caller holds it by: mpi.Comm's one call into the PML for
+// a nonblocking send. A message sent within the call (isendNow) gets a
+// Handle done at once, shared by the sends with the same status
+// (sentHandle). release, if not nil, is called once the PML no longer
+// needs buf (buffered mode, see isend); such a send does not try
+// isendNow's immediate way. The caller validated dest and tag.
 func (c *Comm) IsendHandle(buf Buffer, dest, tag int, mode Mode, release func()) (*Handle, error) {
 	var r *Request
 	var err error
@@ -119,7 +125,7 @@ func (c *Comm) IsendHandle(buf Buffer, dest, tag int, mode Mode, release func())
 			return c.sentHandle(dest, tag, buf.Len()), nil
 		}
 	} else {
-		r, err = c.Isend(buf, dest, tag, mode, release)
+		r, err = c.isend(buf, dest, tag, mode, release)
 	}
 	if err != nil {
 		return nil, err

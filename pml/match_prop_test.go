@@ -119,7 +119,7 @@ func (md *model) admit(m *refMsg) {
 
 type propRecv struct {
 	ref *refRecv
-	req *pml.Request
+	req *pml.Handle
 	buf []byte
 }
 
@@ -165,7 +165,7 @@ func matchingRun(t *testing.T, seed uint64, unordered bool, steps int) {
 			ref := &refRecv{idx: len(md.recvs), src: src, tag: tag}
 			md.recvs = append(md.recvs, ref)
 			buf := make([]byte, 1500)
-			req, err := g.comm[0].Irecv(pml.Buffer{Bytes: buf}, src, tag)
+			req, err := g.comm[0].IrecvHandle(pml.Buffer{Bytes: buf}, src, tag)
 			require.NoError(t, err)
 			recvs = append(recvs, &propRecv{ref: ref, req: req, buf: buf})
 			md.post(ref)
@@ -180,7 +180,7 @@ func matchingRun(t *testing.T, seed uint64, unordered bool, steps int) {
 			if rng.IntN(8) == 0 {
 				mode = pml.Synchronous
 			}
-			_, err := g.comm[src].Isend(pml.Buffer{Bytes: payload(m)}, 0, tag, mode, nil)
+			_, err := g.comm[src].IsendHandle(pml.Buffer{Bytes: payload(m)}, 0, tag, mode, nil)
 			require.NoError(t, err)
 		case k < 94: // deliver a few operations, maybe reordered first
 			if g.net.Len() == 0 {
@@ -212,7 +212,7 @@ func matchingRun(t *testing.T, seed uint64, unordered bool, steps int) {
 				continue
 			}
 			r := recvs[rng.IntN(len(recvs))]
-			got := g.comm[0].Cancel(r.req)
+			got := cancel(g.comm[0], r.req)
 			want := md.cancel(r.ref)
 			require.Equal(t, want, got, "seed %d step %d: cancel of receive %d", seed, step, r.ref.idx)
 		}
@@ -284,11 +284,11 @@ func TestInterleavedProtocolsKeepOrder(t *testing.T) {
 		g.net.SetUnordered(true)
 		const n = 40
 		var data [][]byte
-		var recvs []*pml.Request
+		var recvs []*pml.Handle
 		var bufs [][]byte
 		post := func() {
 			b := make([]byte, 3000)
-			r, err := g.comm[1].Irecv(pml.Buffer{Bytes: b}, 0, pml.AnyTag)
+			r, err := g.comm[1].IrecvHandle(pml.Buffer{Bytes: b}, 0, pml.AnyTag)
 			require.NoError(t, err)
 			recvs, bufs = append(recvs, r), append(bufs, b)
 		}
@@ -302,7 +302,7 @@ func TestInterleavedProtocolsKeepOrder(t *testing.T) {
 			if rng.IntN(5) == 0 {
 				mode = pml.Synchronous
 			}
-			_, err := g.comm[0].Isend(pml.Buffer{Bytes: d}, 1, k, mode, nil)
+			_, err := g.comm[0].IsendHandle(pml.Buffer{Bytes: d}, 1, k, mode, nil)
 			require.NoError(t, err)
 			if rng.IntN(3) == 0 {
 				g.net.Reorder(rng.Uint64())

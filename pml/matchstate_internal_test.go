@@ -48,11 +48,11 @@ func TestPostedListsDoNotAccumulate(t *testing.T) {
 	c := selfComms(t, 2)
 	buf := make([]byte, 8)
 	for tag := range 1000 {
-		r, err := c[0].Irecv(Buffer{Bytes: buf}, 1, tag)
+		r, err := c[0].irecv(Buffer{Bytes: buf}, 1, tag)
 		require.NoError(t, err)
 		require.NoError(t, c[1].Send(Buffer{Bytes: buf}, 0, tag, Standard))
 		require.True(t, r.Done())
-		r, err = c[0].Irecv(Buffer{Bytes: buf}, 1, 100000+tag)
+		r, err = c[0].irecv(Buffer{Bytes: buf}, 1, 100000+tag)
 		require.NoError(t, err)
 		require.True(t, c[0].Cancel(r))
 	}

@@ -33,29 +33,6 @@ func (c *Comm) checkSlow() error {
 	return nil
 }
 
-// Irecv posts a receive into buf from communicator rank src (or AnySource)
-// with tag (or AnyTag). The caller validated src and tag.
-func (c *Comm) Irecv(buf Buffer, src, tag int) (*Request, error) {
-	return c.irecvSink(buf, src, tag, nil)
-}
-
-// irecvSink is Irecv whose result goes into s when s is not nil (see
-// sink); s.State must hold sinkMode and nothing else. The request
-// returned must not be used once s is gone: it may be back in the free
-// list. Irecv, irecvSink and IrecvHandle post by postPlain when they can,
-// else by postRecv.
-func (c *Comm) irecvSink(buf Buffer, src, tag int, s *sink) (*Request, error) {
-	if buf.Conv == nil {
-		if r, _ := c.postPlain(nil, buf.Bytes, src, tag, s, false); r != nil {
-			return r, nil
-		}
-	}
-	// buf's fields go on separately: a Buffer (40 bytes) passed on whole
-	// is copied through memory with stalling wide loads (perf annotate:
-	// most of this function's time).
-	return c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv, s)
-}
-
 // Recv is a blocking receive; it allocates nothing for an eager message.
 func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	e := c.e

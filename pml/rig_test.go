@@ -172,7 +172,7 @@ func pattern(n int, seed byte) []byte {
 // tracked is a request whose completion the rig reports in the trace.
 type tracked struct {
 	name string
-	r    *pml.Request
+	r    *pml.Handle
 	seen bool
 	g    *guarded // receives: the buffer
 	want []byte   // receives: the bytes that should arrive (prefix that fits)
@@ -260,7 +260,7 @@ func (g *rig) isend(from, to, tag int, data []byte, mode pml.Mode) *tracked {
 		tr.rel = new(int)
 		release = func() { *tr.rel++; g.note("   release %s", tr.name) }
 	}
-	r, err := g.comm[from].Isend(pml.Buffer{Bytes: data}, to, tag, mode, release)
+	r, err := g.comm[from].IsendHandle(pml.Buffer{Bytes: data}, to, tag, mode, release)
 	require.NoError(g.t, err)
 	tr.r = r
 	g.reqs = append(g.reqs, tr)
@@ -277,12 +277,23 @@ func (g *rig) irecv(rank, src, tag, n int, want []byte) *tracked {
 	if want != nil {
 		tr.want = want[:min(len(want), n)]
 	}
-	r, err := g.comm[rank].Irecv(pml.Buffer{Bytes: tr.g.buf()}, src, tag)
+	r, err := g.comm[rank].IrecvHandle(pml.Buffer{Bytes: tr.g.buf()}, src, tag)
 	require.NoError(g.t, err)
 	tr.r = r
 	g.reqs = append(g.reqs, tr)
 	g.poll()
 	return tr
+}
+
+// cancel cancels the request behind h on c (Comm.Cancel) and reports
+// whether it was; false when h is done and its request given back.
+func cancel(c *pml.Comm, h *pml.Handle) bool {
+	pr := h.Acquire()
+	if pr == nil {
+		return false
+	}
+	defer h.Release()
+	return c.Cancel(pr)
 }
 
 func wild(v, w int) string {
@@ -292,8 +303,8 @@ func wild(v, w int) string {
 	return fmt.Sprint(v)
 }
 
-// track adds a request made outside isend/irecv (Mrecv).
-func (g *rig) track(name string, r *pml.Request, gb *guarded, want []byte) *tracked {
+// track adds a request made outside isend/irecv (Mrecv's, as pml.HandleOf).
+func (g *rig) track(name string, r *pml.Handle, gb *guarded, want []byte) *tracked {
 	tr := &tracked{name: name, r: r, g: gb}
 	if want != nil && gb != nil {
 		tr.want = want[:min(len(want), gb.n)]

@@ -27,7 +27,7 @@ func TestMatchingRun(t *testing.T) {
 	}
 	post := func(tag int) (*Request, []byte) {
 		b := make([]byte, 8)
-		r, err := c.Irecv(Buffer{Bytes: b}, 1, tag)
+		r, err := c.irecv(Buffer{Bytes: b}, 1, tag)
 		require.NoError(t, err)
 		return r, b
 	}
@@ -86,11 +86,11 @@ func TestRecycleAllFreeList(t *testing.T) {
 	reqs := make([]*Request, n)
 	buf := make([]byte, 8)
 	for i := range reqs {
-		r, err := c0.Irecv(Buffer{Bytes: buf}, 1, 3)
+		r, err := c0.irecv(Buffer{Bytes: buf}, 1, 3)
 		require.NoError(t, err)
 		reqs[i] = r
 	}
-	pending, err := c0.Irecv(Buffer{Bytes: buf}, 1, 4) // never sent: not done
+	pending, err := c0.irecv(Buffer{Bytes: buf}, 1, 4) // never sent: not done
 	require.NoError(t, err)
 	for range n {
 		require.NoError(t, c1.Send(Buffer{Bytes: buf}, 0, 3, Standard))
@@ -102,7 +102,7 @@ func TestRecycleAllFreeList(t *testing.T) {
 	require.Len(t, c0.e.free, freeMax)
 	require.NotContains(t, c0.e.free, pending, "a pending request was recycled")
 	last := c0.e.free[len(c0.e.free)-1]
-	r, err := c0.Irecv(Buffer{Bytes: buf}, 1, 5)
+	r, err := c0.irecv(Buffer{Bytes: buf}, 1, 5)
 	require.NoError(t, err)
 	require.Same(t, last, r, "Irecv did not take from the free list")
 	require.Len(t, c0.e.free, freeMax-1)
@@ -129,13 +129,13 @@ func TestYieldEvery(t *testing.T) {
 	require.Equal(t, 0, calls, "blocking sends")
 	reqs := make([]*Request, 0, 2*n)
 	for range n {
-		r, err := cs[1].Irecv(Buffer{Bytes: b}, 0, 3) // matched at once: not posted, not counted
+		r, err := cs[1].irecv(Buffer{Bytes: b}, 0, 3) // matched at once: not posted, not counted
 		require.NoError(t, err)
 		reqs = append(reqs, r)
 	}
 	require.Equal(t, 0, calls, "Irecvs that matched at once")
 	for range n {
-		r, err := cs[1].Irecv(Buffer{Bytes: b}, 0, 4) // posted
+		r, err := cs[1].irecv(Buffer{Bytes: b}, 0, 4) // posted
 		require.NoError(t, err)
 		reqs = append(reqs, r)
 	}
@@ -215,14 +215,14 @@ func TestFreeListRequestsClean(t *testing.T) {
 		var bufs [][]byte
 		for i, n := range sizes {
 			b := make([]byte, n)
-			r, err := c0.Irecv(Buffer{Bytes: b}, 1, i)
+			r, err := c0.irecv(Buffer{Bytes: b}, 1, i)
 			require.NoError(t, err)
 			reqs, bufs = append(reqs, r), append(bufs, b)
 		}
 		short := make([]byte, 4) // truncated: 4 of 900 bytes stored
-		rs, err := c0.Irecv(Buffer{Bytes: short}, 1, 100)
+		rs, err := c0.irecv(Buffer{Bytes: short}, 1, 100)
 		require.NoError(t, err)
-		rc, err := c0.Irecv(Buffer{Bytes: make([]byte, 8)}, 1, 101) // cancelled
+		rc, err := c0.irecv(Buffer{Bytes: make([]byte, 8)}, 1, 101) // cancelled
 		require.NoError(t, err)
 		require.True(t, c0.Cancel(rc))
 		for i, n := range sizes {

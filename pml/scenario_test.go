@@ -299,7 +299,7 @@ receives it (the GET starts then); Improbe/Mrecv the eager one.`,
 			gb := newGuarded(1000)
 			mr, err := c.Mrecv(m, pml.Buffer{Bytes: gb.buf()})
 			require.NoError(t, err)
-			rb := g.track("rank1 mrecv(tag 4)", mr, gb, big)
+			rb := g.track("rank1 mrecv(tag 4)", pml.HandleOf(mr), gb, big)
 			_, err = c.Mrecv(m, pml.Buffer{Bytes: gb.buf()})
 			require.Error(t, err, "a message is received once")
 			g.run()
@@ -312,7 +312,7 @@ receives it (the GET starts then); Improbe/Mrecv the eager one.`,
 			gs := newGuarded(64)
 			mr2, err := c.Mrecv(m2, pml.Buffer{Bytes: gs.buf()})
 			require.NoError(t, err)
-			rs := g.track("rank1 mrecv(tag 3)", mr2, gs, small)
+			rs := g.track("rank1 mrecv(tag 3)", pml.HandleOf(mr2), gs, small)
 			requireOK(t, rs, 40)
 			_, ok, _ = c.Iprobe(pml.AnySource, pml.AnyTag)
 			require.False(t, ok)
@@ -328,23 +328,23 @@ normally. Sends are never cancelled.`,
 		run: func(t *testing.T, g *rig) {
 			c := g.comm[1]
 			a := g.irecv(1, 0, 1, 64, nil)
-			ok := c.Cancel(a.r)
+			ok := cancel(c, a.r)
 			g.note("cancel %s: %v", a.name, ok)
 			g.poll()
 			require.True(t, ok)
 			st, err := a.r.Result()
 			require.NoError(t, err)
 			require.True(t, st.Cancelled)
-			require.False(t, c.Cancel(a.r), "cancel twice")
+			require.False(t, cancel(c, a.r), "cancel twice")
 
 			big := pattern(1000, 10)
 			b := g.irecv(1, 0, 2, 1000, big)
 			s := g.isend(0, 1, 2, big, pml.Standard)
 			g.step() // RGET matches b
-			ok = c.Cancel(b.r)
+			ok = cancel(c, b.r)
 			g.note("cancel %s after its match: %v", b.name, ok)
 			require.False(t, ok)
-			require.False(t, g.comm[0].Cancel(s.r), "sends are not cancelled")
+			require.False(t, cancel(g.comm[0], s.r), "sends are not cancelled")
 			g.run()
 			requireOK(t, b, 1000)
 			st, _ = b.r.Result()
@@ -497,10 +497,10 @@ operations towards the peer fail at once; rank 2 is unaffected.`,
 			for _, tr := range []*tracked{r, other, back, s, any} {
 				requireErr(t, tr, mpierr.ErrProcFailed)
 			}
-			_, err := g.comm[0].Isend(pml.Buffer{Bytes: data}, 1, 6, pml.Standard, nil)
+			_, err := g.comm[0].IsendHandle(pml.Buffer{Bytes: data}, 1, 6, pml.Standard, nil)
 			require.ErrorIs(t, err, mpierr.ErrProcFailed)
 			g.note("isend 0->1 after the cut: %s", errString(err))
-			_, err = g.comm[1].Irecv(pml.Buffer{Bytes: make([]byte, 8)}, 0, 6)
+			_, err = g.comm[1].IrecvHandle(pml.Buffer{Bytes: make([]byte, 8)}, 0, 6)
 			require.ErrorIs(t, err, mpierr.ErrProcFailed)
 			g.note("irecv 1<-0 after the cut: %s", errString(err))
 			g.run()
@@ -660,14 +660,14 @@ the receiver and arrive by FRAGs. No byte between elements is touched.`,
 				g.note("-- %d bytes, strided sender: %v, strided receiver", m.n, m.stridedTx)
 				data := pattern(m.n, byte(60+i))
 				rx := newStrided(m.n, 2)
-				rr, err := g.comm[1].Irecv(pml.Buffer{Conv: rx}, 0, i)
+				rr, err := g.comm[1].IrecvHandle(pml.Buffer{Conv: rx}, 0, i)
 				require.NoError(t, err)
 				r := g.track(fmt.Sprintf("rank1 recv(tag %d, strided)", i), rr, nil, nil)
 				buf := pml.Buffer{Bytes: data}
 				if m.stridedTx {
 					buf = pml.Buffer{Conv: stridedFrom(data, 2)}
 				}
-				sr, err := g.comm[0].Isend(buf, 1, i, pml.Standard, nil)
+				sr, err := g.comm[0].IsendHandle(buf, 1, i, pml.Standard, nil)
 				require.NoError(t, err)
 				s := g.track(fmt.Sprintf("rank0 send(tag %d)", i), sr, nil, nil)
 				g.run()

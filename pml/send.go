@@ -9,11 +9,11 @@ import (
 	"runtime"
 )
 
-// Isend starts a send of buf to communicator rank dest. release, if not
+// isend starts a send of buf to communicator rank dest. release, if not
 // nil, is called once the PML no longer needs buf (buffered mode: buf is
 // then the packed copy in the attached buffer and the request completes at
 // once). The caller validated dest and tag.
-func (c *Comm) Isend(buf Buffer, dest, tag int, mode Mode, release func()) (*Request, error) {
+func (c *Comm) isend(buf Buffer, dest, tag int, mode Mode, release func()) (*Request, error) {
 	r := newReq(true)
 	if err := c.startSend(r, buf, dest, tag, mode, release); err != nil {
 		recycleUnstarted(r)
@@ -78,7 +78,7 @@ func (c *Comm) target(dest, tag int) (*peer, error) {
 // The message must queue behind them: not by the fast path.
 var errQueued = errors.New("pml: operations queued for the peer")
 
-// isendNow is Isend (without a release) that sends a small message at once
+// isendNow is isend (without a release) that sends a small message at once
 // when it can: it then returns a nil request and the send is complete
 // (ob1's isend tries the transport's immediate send the same way, before
 // it allocates a request). Otherwise it returns the request in flight.
@@ -90,7 +90,7 @@ func (c *Comm) isendNow(buf Buffer, dest, tag int, mode Mode) (*Request, error) 
 		}
 		return r, err
 	}
-	return c.Isend(buf, dest, tag, mode, nil)
+	return c.isend(buf, dest, tag, mode, nil)
 }
 
 // sendNow is the eager fast path of Send and isendNow. done reports that

@@ -90,7 +90,7 @@ func (v *vrig) finish(t *testing.T) {
 		require.ErrorIs(t, err, mpierr.ErrProtocol, tr.name)
 		require.ErrorIs(t, err, mpierr.ErrProcFailed, tr.name)
 	}
-	_, err := v.comm[victim].Irecv(pml.Buffer{Bytes: make([]byte, 8)}, bad, 4)
+	_, err := v.comm[victim].IrecvHandle(pml.Buffer{Bytes: make([]byte, 8)}, bad, 4)
 	require.ErrorIs(t, err, mpierr.ErrProtocol, "receive from the failed peer")
 	v.note("-- the good peer sends")
 	v.isend(good, victim, 1, v.goodData, pml.Standard)

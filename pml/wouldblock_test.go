@@ -96,11 +96,10 @@ func TestWouldBlockKeepsPeerOrder(t *testing.T) {
 	rs := g.irecv(1, 0, 4, 40, small)
 	sb := g.isend(0, 1, 3, big, pml.Standard)
 	require.Equal(t, 1, g.eng[0].Queued(), "the RNDV was refused and queued")
-	h, err := g.comm[0].IsendHandle(pml.Buffer{Bytes: small}, 1, 4, pml.Standard, nil)
+	ss, err := g.comm[0].IsendHandle(pml.Buffer{Bytes: small}, 1, 4, pml.Standard, nil)
 	require.NoError(t, err)
-	ss := h.Acquire() // the request behind h, held until the test ends; nil: sent at once
-	require.NotNil(t, ss, "an eager send behind a queued operation must queue, not go at once")
-	defer h.Release()
+	_, atOnce := ss.Ready() // done within the call: sent at once
+	require.False(t, atOnce, "an eager send behind a queued operation must queue, not go at once")
 	require.Equal(t, 0, g.net.Len(), "nothing may reach the transport before the queued RNDV")
 	require.Equal(t, 2, g.eng[0].Queued())
 	g.eng[0].Progress()
@@ -167,7 +166,7 @@ func TestWouldBlockRetriedByPollers(t *testing.T) {
 	g.net.WouldBlock(6)
 	data := pattern(3000, 9)
 	got := make([]byte, 3000)
-	rr, err := g.comm[1].Irecv(pml.Buffer{Bytes: got}, 0, 2)
+	rr, err := g.comm[1].IrecvHandle(pml.Buffer{Bytes: got}, 0, 2)
 	require.NoError(t, err)
 	stop := make(chan struct{})
 	pumped := make(chan struct{})
@@ -192,11 +191,10 @@ func TestWouldBlockRetriedByPollers(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("blocking Send never completed")
 	}
-	require.NoError(t, g.eng[1].Wait(nil, rr))
+	st, err := rr.Wait(nil)
+	require.NoError(t, err)
 	close(stop)
 	<-pumped
-	st, err := rr.Result()
-	require.NoError(t, err)
 	require.Equal(t, 3000, st.Count)
 	require.Equal(t, data, got)
 	require.Zero(t, g.eng[0].Queued())

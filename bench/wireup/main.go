@@ -237,23 +237,23 @@ func (w *world) ring() error {
 			errs[r] = func() error {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 				defer cancel()
-				var reqs []*pml.Request
+				var reqs []*pml.Handle
 				for range 2 {
-					q, err := w.comm[r].Irecv(pml.Buffer{Bytes: make([]byte, 8)}, pml.AnySource, 7)
+					q, err := w.comm[r].IrecvHandle(pml.Buffer{Bytes: make([]byte, 8)}, pml.AnySource, 7)
 					if err != nil {
 						return err
 					}
 					reqs = append(reqs, q)
 				}
 				for _, p := range []int{(r + 1) % n, (r + n - 1) % n} {
-					q, err := w.comm[r].Isend(pml.Buffer{Bytes: []byte("8 bytes!")}, p, 7, pml.Standard, nil)
+					q, err := w.comm[r].IsendHandle(pml.Buffer{Bytes: []byte("8 bytes!")}, p, 7, pml.Standard, nil)
 					if err != nil {
 						return err
 					}
 					reqs = append(reqs, q)
 				}
 				for _, q := range reqs {
-					if err := w.eng[r].Wait(ctx, q); err != nil {
+					if _, err := q.Wait(ctx); err != nil {
 						return err
 					}
 				}
