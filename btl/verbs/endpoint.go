@@ -42,6 +42,7 @@ const (
 	opGet
 	opImm   // a Put with an immediate
 	opProbe // a zero-length RDMA WRITE checking that the peer lives
+	opFence // a zero-length RDMA WRITE whose completion completes what was posted before it
 )
 
 // recvBit marks the work request ids of receives.
@@ -128,6 +129,10 @@ type endpoint struct {
 	sendsDone uint64
 	probeMark uint64
 	idleTicks int
+	// unsig counts the unsignaled work requests posted since the last
+	// signaled one, and unsigTake the ring bytes of their messages.
+	unsig     int
+	unsigTake int
 	later     []doneCB
 	report    error // failure to report with PeerFailed once mu is released
 	reported  bool
@@ -469,22 +474,71 @@ func (e *endpoint) Flush(cb btl.Completion) (bool, error) {
 	}
 	e.flushes = append(e.flushes, flushWait{seq: e.opSeq, cb: cb})
 	e.doneSeqLocked(e.doneSeq) // a pair already down releases it at once
+	e.fenceLocked()
 	return false, nil
+}
+
+// fenceLocked posts a signaled zero-length RDMA WRITE when a flush waits
+// and the last work request posted was unsignaled: no completion would
+// come for it, and the write's completes everything before it (RC
+// completes in order). While flushes wait, every work request is posted
+// signaled (postLocked), so one fence is enough.
+func (e *endpoint) fenceLocked() {
+	if len(e.flushes) == 0 || e.unsig == 0 || e.state != epConnected || e.sqFree == 0 {
+		return
+	}
+	wr := []ibv.SendWR{{Opcode: ibv.WRRDMAWrite, RemoteAddr: e.remote.RingAddr, RKey: e.remote.RingKey}}
+	e.postLocked(wr, []wrOp{{kind: opFence}})
+}
+
+// sigEvery bounds the unsignaled work requests in a row (at most a
+// quarter of the queue depth).
+const sigEvery = 16
+
+// signalLocked reports whether op's work request is posted signaled. A
+// copied message, its pad and a credit ACK need no completion of their
+// own (nothing waits for one): they go unsignaled, so that the device's
+// requester need not ask the peer for an acknowledgement of each (the
+// soft device's ACK datagram per message), and a later signaled one
+// completes them. One in sigEvery work requests, and the one that brings
+// the unsignaled messages' ring bytes to a quarter of the ring, are
+// signaled: a sender short of queue slots or of its staging copy of the
+// ring then always has a signaled request outstanding whose completion
+// frees them. Everything is signaled while a flush waits.
+func (e *endpoint) signalLocked(op *wrOp) bool {
+	switch op.kind {
+	case opPad, opMsg, opACK:
+	default:
+		return true
+	}
+	return op.cb != nil || op.reg != nil || len(e.flushes) > 0 ||
+		e.unsig+1 >= min(sigEvery, max(1, e.m.depth/4)) ||
+		uint64(e.unsigTake+op.take)*4 >= e.win.ringSize
 }
 
 // post posts wrs, recording ops for their completions; a refusal fails the
 // endpoint (the device took some of them, or none, so the pair's state is
 // unknown).
 func (e *endpoint) postLocked(wrs []ibv.SendWR, ops []wrOp) bool {
+	unsig, take := e.unsig, e.unsigTake
 	for i := range wrs {
 		e.nextID++
 		wrs[i].ID = e.nextID
-		wrs[i].Flags |= ibv.FlagSignaled
 		ops[i].id = e.nextID
+		if e.signalLocked(&ops[i]) {
+			wrs[i].Flags |= ibv.FlagSignaled
+			e.unsig, e.unsigTake = 0, 0
+		} else {
+			wrs[i].Flags &^= ibv.FlagSignaled
+			e.unsig++
+			e.unsigTake += ops[i].take
+		}
 	}
 	bad, err := e.qp.PostSend(wrs)
 	if err == nil {
 		bad = len(wrs)
+	} else {
+		e.unsig, e.unsigTake = unsig, take // a failed endpoint posts nothing more
 	}
 	for i := range bad {
 		e.ops = append(e.ops, ops[i])
@@ -637,6 +691,7 @@ func (e *endpoint) drainLocked() {
 	} else if e.state == epConnected {
 		e.stalledLocked()
 	}
+	e.fenceLocked()
 }
 
 // probeAfter is how long operations wait for room before the endpoint
@@ -765,17 +820,23 @@ func (e *endpoint) doneSeqLocked(seq uint64) {
 	e.flushes = kept
 }
 
-// onSendDone handles the completion of the oldest posted send work
-// request.
+// onSendDoneLocked handles a send completion: it completes the work
+// request it names and every unsignaled one posted before it (RC
+// completes in post order).
 func (e *endpoint) onSendDoneLocked(wc *ibv.WC) {
-	if e.opsHead == len(e.ops) {
-		e.failLocked(mpierr.Errorf(mpierr.ErrProtocol, "verbs: rank %d: completion %#x for rank %d with no work request posted", e.m.env.Rank, wc.ID, e.peer))
+	if e.opsHead == len(e.ops) || wc.ID < e.ops[e.opsHead].id || wc.ID > e.ops[len(e.ops)-1].id {
+		e.failLocked(mpierr.Errorf(mpierr.ErrProtocol, "verbs: rank %d: completion %#x for rank %d names no work request posted", e.m.env.Rank, wc.ID, e.peer))
 		return
 	}
-	op := &e.ops[e.opsHead]
-	if op.id != wc.ID {
-		panic(fmt.Sprintf("verbs: send completion %#x out of order (expected %#x)", wc.ID, op.id))
+	for e.opsHead < len(e.ops) && e.ops[e.opsHead].id <= wc.ID {
+		e.retireLocked(wc)
 	}
+}
+
+// retireLocked completes the oldest posted work request, whose
+// completion (or a later one's) is wc.
+func (e *endpoint) retireLocked(wc *ibv.WC) {
+	op := &e.ops[e.opsHead]
 	e.opsHead++
 	e.sendsDone++
 	if e.opsHead == len(e.ops) {
@@ -811,7 +872,7 @@ func (e *endpoint) onSendDoneLocked(wc *ibv.WC) {
 }
 
 func opName(k opKind) string {
-	return [...]string{"pad", "message", "close frame", "ACK", "RDMA write", "RDMA read", "RDMA write with immediate", "liveness probe"}[k]
+	return [...]string{"pad", "message", "close frame", "ACK", "RDMA write", "RDMA read", "RDMA write with immediate", "liveness probe", "fence"}[k]
 }
 
 // poll takes what the endpoint's completion queue holds: send

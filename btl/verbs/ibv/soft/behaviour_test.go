@@ -157,6 +157,67 @@ func TestInlineAndUnsignaled(t *testing.T) {
 	noCompletion(t, a.scq, 5*time.Millisecond)
 }
 
+// An unsignaled SEND asks for no ACK; the responder still acknowledges
+// it on its own, so that the requester's send queue slot comes back.
+func TestUnsignaledAcknowledgedUnasked(t *testing.T) {
+	a, b := newPair(t, Config{}, Config{}, defaultOpts())
+	_, err := b.qp.PostRecv([]ibv.RecvWR{{ID: 1, SGList: []ibv.SGEntry{ibv.SGE(b.mr, 0, 100)}}})
+	require.NoError(t, err)
+	w := sendWR(1, a.mr, 8)
+	w.Flags = 0
+	_, err = a.qp.PostSend([]ibv.SendWR{w})
+	require.NoError(t, err)
+	pollOne(t, b.rcq, ibv.WCSuccess)
+	dl := deadline(t, 10*time.Second)
+	for {
+		c, ok := CountersOf(a.ctx)
+		require.True(t, ok)
+		if c.PacketsReceived > 0 {
+			break
+		}
+		require.False(t, time.Now().After(dl), "no ACK for the unsignaled SEND")
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A send queue of unsignaled SENDs frees its slots as the responder
+// acknowledges them: a sender that posts many more than the queue holds,
+// retrying a full queue, gets every one through and the signaled last
+// one completes.
+func TestUnsignaledSlotsComeBack(t *testing.T) {
+	o := defaultOpts()
+	o.sendWR = 8
+	a, b := newPair(t, Config{}, Config{}, o)
+	const n = 100
+	recvs := make([]ibv.RecvWR, n)
+	for i := range recvs {
+		recvs[i] = ibv.RecvWR{ID: uint64(i), SGList: []ibv.SGEntry{ibv.SGE(b.mr, 0, 100)}}
+	}
+	_, err := b.qp.PostRecv(recvs)
+	require.NoError(t, err)
+	dl := deadline(t, 20*time.Second)
+	for i := range n {
+		w := sendWR(uint64(i), a.mr, 8)
+		if i < n-1 {
+			w.Flags = 0
+		}
+		for {
+			_, err := a.qp.PostSend([]ibv.SendWR{w})
+			if err == nil {
+				break
+			}
+			require.ErrorIs(t, err, ibv.ErrNoMem)
+			require.False(t, time.Now().After(dl), "send queue still full after %d sends", i)
+			wc := make([]ibv.WC, 1)
+			_, err = a.scq.Poll(wc) // progress; nothing completes before the last
+			require.NoError(t, err)
+			runtime.Gosched()
+		}
+	}
+	require.Equal(t, uint64(n-1), pollOne(t, a.scq, ibv.WCSuccess).ID, "only the signaled request completes")
+	require.Len(t, poll(t, b.rcq, n, 20*time.Second), n)
+}
+
 func TestLoopbackSameDevice(t *testing.T) {
 	o := defaultOpts()
 	p := New(Config{})

@@ -109,6 +109,12 @@ type device struct {
 	nAcks    atomic.Int32
 	ackTimer Timer
 	ackArmed bool // guarded by ackMu
+	// Lazy ACKs: QPs owing an ACK no one asked for (qp.queueAckLazy),
+	// sent by lazyTimer only.
+	lazy      []*qp // guarded by ackMu
+	lazyTimer Timer
+	lazyArmed bool // guarded by ackMu
+	lazyBound time.Duration
 
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -195,6 +201,9 @@ func newDevice(cfg Config) (*device, error) {
 	d.held = make([]byte, bufSize)
 	d.ackTimer = d.clock.AfterFunc(time.Hour, d.onAckTimer)
 	d.ackTimer.Stop()
+	d.lazyBound = min(ackLazyBound, cfg.MinTimeout/4)
+	d.lazyTimer = d.clock.AfterFunc(time.Hour, d.onLazyTimer)
+	d.lazyTimer.Stop()
 	d.wg.Add(2)
 	go d.rxLoop()
 	go d.txWorker()
@@ -206,6 +215,8 @@ func (d *device) close() {
 	d.ackMu.Lock()
 	d.ackTimer.Stop()
 	d.ackArmed = true // no timer from now on
+	d.lazyTimer.Stop()
+	d.lazyArmed = true
 	d.ackMu.Unlock()
 	close(d.done)
 	d.sock.close()
@@ -473,10 +484,57 @@ func (d *device) flushAcks() {
 		d.nAcks.Store(int32(rest))
 		d.ackMu.Unlock()
 		for i, q := range buf[:n] {
-			q.sendAckNow()
+			q.sendAckNow(false)
 			buf[i] = nil
 		}
 	}
+}
+
+// ackLazyBound is the longest an ACK no one asked for waits (at most a
+// quarter of Config.MinTimeout, so that the requester's early go-back
+// never fires for want of it).
+const ackLazyBound = 250 * time.Microsecond
+
+// deferLazy notes that q owes a lazy ACK (qp.queueAckLazy). Called with
+// q.mu held.
+func (d *device) deferLazy(q *qp) {
+	d.ackMu.Lock()
+	if !q.lazyQueued {
+		q.lazyQueued = true
+		d.lazy = append(d.lazy, q)
+	}
+	if !d.lazyArmed {
+		d.lazyArmed = true
+		d.lazyTimer.Reset(d.lazyBound)
+	}
+	d.ackMu.Unlock()
+}
+
+// onLazyTimer sends the lazy ACKs still owed.
+func (d *device) onLazyTimer() {
+	var buf [8]*qp
+	d.ackMu.Lock()
+	if isClosed(d.done) {
+		d.ackMu.Unlock()
+		return
+	}
+	d.lazyArmed = false
+	for len(d.lazy) > 0 {
+		n := copy(buf[:], d.lazy)
+		for _, q := range buf[:n] {
+			q.lazyQueued = false
+		}
+		rest := copy(d.lazy, d.lazy[n:])
+		clear(d.lazy[rest:])
+		d.lazy = d.lazy[:rest]
+		d.ackMu.Unlock()
+		for i, q := range buf[:n] {
+			q.sendAckNow(true)
+			buf[i] = nil
+		}
+		d.ackMu.Lock()
+	}
+	d.ackMu.Unlock()
 }
 
 // onAckTimer sends the ACKs that no carrier took within ackDeferBound.

@@ -59,11 +59,14 @@ func (q *qp) pump(budget int) {
 	}
 }
 
-// sendAckNow sends the QP's deferred ACK, if it still owes one.
-func (q *qp) sendAckNow() {
+// sendAckNow sends the QP's deferred ACK, if it still owes one; a lazy
+// one only when lazy is set (the lazy timer's pass).
+func (q *qp) sendAckNow(lazy bool) {
 	q.mu.Lock()
-	due := q.r.ctl && q.r.ackLater
-	q.r.ackLater = false
+	due := q.r.ctl && q.r.ackLater && (lazy || !q.r.ackLazy)
+	if due {
+		q.r.ackLater, q.r.ackLazy = false, false
+	}
 	q.mu.Unlock()
 	if due {
 		q.pump(rxPumpBudget)
@@ -108,8 +111,9 @@ func (q *qp) buildLocked(limit int) bool {
 		}
 	}
 	// A deferred ACK rides behind whatever else goes out: after the
-	// requests, so that the peer takes the data first.
-	if r.ctl && n > 0 {
+	// requests, so that the peer takes the data first. A lazy one waits
+	// for its timer (queueAckLazy).
+	if r.ctl && n > 0 && !r.ackLazy {
 		if n >= limit || q.tx.full() {
 			return true
 		}
@@ -168,7 +172,7 @@ func (q *qp) addPayload(c uint32, segs [][]byte, off, n int) uint32 {
 }
 
 func (q *qp) buildCtl() {
-	q.r.ctl, q.r.ackLater, q.r.sinceAck = false, false, 0
+	q.r.ctl, q.r.ackLater, q.r.ackLazy, q.r.sinceAck = false, false, false, 0
 	p := packet{bth: bth{opcode: opAck, psn: q.r.ctlPSN}, aeth: aeth{syndrome: q.r.ctlSyn, msn: q.r.msn}}
 	c, hl := q.startPacket(&p, 0)
 	q.seal(hl, 0, c)
@@ -318,11 +322,19 @@ func (q *qp) buildRequest() bool {
 		if last && w.flags&ibv.FlagSolicited != 0 && (!isWrite || withImm) {
 			p.bth.se = true
 		}
-		// Ask for an ACK at the end of the message, every quarter of the
-		// window (at most every ackEvery packets), and when the window
-		// is full: the window moves only on acknowledgements.
+		// Ask for an ACK at the end of a message whose completion the
+		// user waits for (signaled), or when the send queue is half full
+		// (its slots free only on acknowledgements); every quarter of the
+		// window (at most every ackEvery packets) of a message and of
+		// the packets unacknowledged; and when the window is full: the
+		// window moves only on acknowledgements. The end of an unsignaled
+		// message asks for none: the responder acknowledges it lazily,
+		// so that a stream of small unsignaled messages (with a reply
+		// for each) is not followed by an ACK datagram for each.
 		every := max(1, min(ackEvery, q.window()/4))
-		p.bth.ackReq = last || (k+1)%every == 0 || int(psnDiff(psn, q.ackPSN)) >= q.window()
+		unacked := int(psnDiff(psn, q.ackPSN))
+		p.bth.ackReq = (last && (w.signaled || q.sigAll || 2*q.sqCount >= len(q.sq))) ||
+			(k+1)%every == 0 || unacked%every == 0 || unacked >= q.window()
 		off := k * q.mtu
 		n := min(q.mtu, w.length-off)
 		c, hl := q.startPacket(&p, n)

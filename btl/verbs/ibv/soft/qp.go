@@ -109,6 +109,9 @@ type qp struct {
 	// ackQueued: on the device's list of deferred ACKs; guarded by
 	// dev.ackMu.
 	ackQueued bool
+	// lazyQueued: on the device's list of lazy ACKs; guarded by
+	// dev.ackMu.
+	lazyQueued bool
 
 	rxEpoch uint64 // receive goroutine only
 }

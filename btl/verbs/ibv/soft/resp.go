@@ -22,11 +22,13 @@ type respState struct {
 
 	// One control packet (ACK or NAK) owed, sent after any READ
 	// responses so that responses stay in PSN order. ackLater marks a
-	// plain ACK that may wait for a carrier (see queueAckLater);
-	// sinceAck counts the request packets executed since the last
-	// control packet was built.
+	// plain ACK that may wait for a carrier (see queueAckLater), ackLazy
+	// one that no one asked for and that waits for the device's lazy
+	// timer (see queueAckLazy); sinceAck counts the request packets
+	// executed since the last control packet was built.
 	ctl      bool
 	ackLater bool
+	ackLazy  bool
 	ctlSyn   uint8
 	ctlPSN   uint32
 	sinceAck int
@@ -58,7 +60,7 @@ type atomicResult struct {
 func psnDiff(a, b uint32) int32 { return int32((a-b)<<8) >> 8 }
 
 func (q *qp) queueCtl(syn uint8, psn uint32) {
-	q.r.ctl, q.r.ackLater, q.r.ctlSyn, q.r.ctlPSN = true, false, syn, psn&psnMask
+	q.r.ctl, q.r.ackLater, q.r.ackLazy, q.r.ctlSyn, q.r.ctlPSN = true, false, false, syn, psn&psnMask
 }
 
 func (q *qp) queueAck() { q.queueCtl(synACK|creditsInvalid, q.r.ePSN-1) }
@@ -83,6 +85,36 @@ func (q *qp) queueAckLater() {
 	q.queueAck()
 	r.ackLater = true
 	q.dev.deferAck(q)
+}
+
+// ackLazyMax is how many request packets an ACK no one asked for may
+// leave unacknowledged before it rides with the QP's next requests.
+const ackLazyMax = ackDeferMax
+
+// queueAckLazy owes an ACK for the last packet of a message whose
+// requester did not ask for one (no AckReq: its work request was
+// unsignaled and its send queue and window have room). The requester
+// needs it only to free its send queue slots and window, so it waits for
+// the device's lazy timer (device.deferLazy, well below the requester's
+// least local ACK timeout), or rides with the QP's next requests once
+// ackLazyMax packets are unacknowledged; a packet that asks for an ACK,
+// or any other control packet, takes it along earlier (one ACK covers
+// every PSN up to it).
+func (q *qp) queueAckLazy() {
+	r := &q.r
+	switch {
+	case r.ctl && !r.ackLater:
+		q.queueAck() // an immediate one is owed anyway: it covers this packet
+	case r.ctl && !r.ackLazy:
+		q.queueAck() // a deferred one is owed: it stays deferred
+		r.ackLater = true
+	case r.sinceAck >= ackLazyMax:
+		q.queueAckLater()
+	default:
+		q.queueAck()
+		r.ackLater, r.ackLazy = true, true
+		q.dev.deferLazy(q)
+	}
 }
 
 // responderInput handles a request packet (SEND, WRITE, READ, atomic) in
@@ -170,14 +202,15 @@ func (q *qp) responderInput(p *packet) {
 	if last {
 		r.msn = (r.msn + 1) & psnMask
 	}
-	if p.bth.ackReq {
-		if last && f&(fSend|fImm) != 0 {
-			// A completion the user polls: the reply it provokes
-			// carries the ACK.
-			q.queueAckLater()
-		} else {
-			q.queueAck()
-		}
+	switch {
+	case p.bth.ackReq && last && f&(fSend|fImm) != 0:
+		// A completion the user polls: the reply it provokes carries
+		// the ACK.
+		q.queueAckLater()
+	case p.bth.ackReq:
+		q.queueAck()
+	case last:
+		q.queueAckLazy()
 	}
 }
 

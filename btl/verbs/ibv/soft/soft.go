@@ -29,7 +29,10 @@
 // QP per receive batch, for the packets that asked for one; the ACK of a
 // packet that completed a receive waits for a carrier: it leaves behind
 // the QP's next request packets, at the device's next progress pass, or
-// after 100 us, whichever comes first), duplicates
+// after 100 us, whichever comes first; the last packet of a message that
+// asked for none is acknowledged lazily, within a quarter of
+// Config.MinTimeout (at most 250 us), or behind the next requests once 16
+// packets are unacknowledged), duplicates
 // with a repeated ACK or, for READ, a repeated response, a PSN gap with
 // one sequence-error NAK, a missing receive with an RNR NAK carrying the
 // QP's min_rnr_timer, and errors with the NAK of their class, after which
@@ -41,7 +44,9 @@
 // Requester pacing, which the verbs leave to the implementation: a QP
 // sends at most a window of packets ahead of acknowledgement (Config.Window;
 // halved on each loss it learns of, grown back as windows are
-// acknowledged), asks for an ACK every quarter window, and asks for a READ
+// acknowledged), asks for an ACK at the end of a signaled request, of any
+// request once its send queue is half full, and every quarter window
+// (at most every 32 packets), and asks for a READ
 // longer than the window in window-sized parts, since READ responses have
 // no acknowledgement to pace them. The local ACK timeout in force is the
 // QP's, or the measured round trip plus four times its variation when that
