@@ -221,6 +221,11 @@ func (d *device) close() {
 	close(d.done)
 	d.sock.close()
 	d.wg.Wait()
+	for _, q := range *d.qps.Load() { // QPs left undestroyed: their send sockets
+		q.mu.Lock()
+		q.closeTxLocked()
+		q.mu.Unlock()
+	}
 }
 
 func (d *device) lookupQP(qpn uint32) *qp { return (*d.qps.Load())[qpn] }
@@ -675,7 +680,7 @@ func (d *device) input1(pkt []byte, from netip.AddrPort) {
 		return
 	}
 	q.mu.Lock()
-	if q.destroyed || q.peer != from {
+	if q.destroyed || !q.fromPeer(from) {
 		q.mu.Unlock()
 		d.ctr.bad.Add(1)
 		return

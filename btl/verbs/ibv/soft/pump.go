@@ -35,9 +35,13 @@ func (q *qp) pump(budget int) {
 			break
 		}
 		q.tx.dst = q.peer
+		s := q.dev.sock
+		if q.txs != nil {
+			s = q.txs
+		}
 		q.mu.Unlock()
 		wireSync()
-		n, err := q.dev.sock.send(q.ts, q.tx)
+		n, err := s.send(q.ts, q.tx)
 		c := &q.dev.ctr
 		c.pktSent.Add(uint64(n))
 		for i := 0; i < n; i++ {
@@ -53,6 +57,10 @@ func (q *qp) pump(budget int) {
 		// to this pumper.
 	}
 	q.pumping = false
+	if q.txsOld != nil {
+		q.txsOld.close()
+		q.txsOld = nil
+	}
 	q.mu.Unlock()
 	if more {
 		q.dev.schedule(q)

@@ -105,7 +105,12 @@ type qp struct {
 	pumping bool
 	tx      *txBatch
 	ts      *txState
-	queued  bool // on the transmit worker's list; guarded by dev.workMu
+	// txs is the QP's send socket, connected to its peer (nil: the
+	// device's); txsOld one it replaced, closed when the pumper leaves.
+	// Guarded by mu.
+	txs, txsOld *sock
+	peerSport   uint16 // the pair's source port (roceSport); guarded by mu
+	queued      bool   // on the transmit worker's list; guarded by dev.workMu
 	// ackQueued: on the device's list of deferred ACKs; guarded by
 	// dev.ackMu.
 	ackQueued bool
@@ -217,6 +222,7 @@ func (q *qp) Destroy() error {
 	q.destroyed = true
 	q.timer.Stop()
 	q.timerArmed = false
+	q.closeTxLocked()
 	q.mu.Unlock()
 	q.dev.removeQP(q)
 	for _, x := range []*cq{q.scq, q.rcq} {
@@ -376,7 +382,6 @@ func (q *qp) modifyLocked(a *ibv.QPAttr, mask ibv.AttrMask) (kick bool, err erro
 	if mask&ibv.AttrAV != 0 {
 		at.AH = a.AH
 		q.peer = netip.AddrPortFrom(peer, q.dev.port)
-		q.flow = flow{src: q.dev.addr, dst: peer, sport: q.dev.port, dport: q.dev.port}
 	}
 	if mask&ibv.AttrPathMTU != 0 {
 		at.PathMTU = a.PathMTU
@@ -421,6 +426,9 @@ func (q *qp) modifyLocked(a *ibv.QPAttr, mask ibv.AttrMask) (kick bool, err erro
 	}
 	if mask&ibv.AttrEnSQDAsyncNotify != 0 {
 		at.SQDrainNotify = a.SQDrainNotify
+	}
+	if mask&(ibv.AttrAV|ibv.AttrDestQPN) != 0 && q.peer.IsValid() {
+		q.openTxLocked()
 	}
 	switch {
 	case next == ibv.QPSReset && cur != ibv.QPSReset:
@@ -729,6 +737,63 @@ func (q *qp) postRecvLocked(wr *ibv.RecvWR) error {
 	}
 	q.rqCount++
 	return nil
+}
+
+// roceSport is the UDP source port of the packets of the QP pair (lqpn,
+// rqpn), the same at both ends: as RoCEv2 NICs derive it, from the flow
+// label of the pair (the product of the QPNs folded to 20 bits), folded
+// again to 14 bits above 0xC000.
+func roceSport(lqpn, rqpn uint32) uint16 {
+	fl := uint64(lqpn) * uint64(rqpn)
+	fl ^= fl >> 20
+	fl ^= fl >> 40
+	fl &= 0xfffff
+	return uint16((fl&0x3fff)^(fl>>14)) | 0xc000
+}
+
+// openTxLocked gives the QP a send socket connected to q.peer, bound to
+// the pair's source port (roceSport), and the ICRC's view of its packets
+// (the ICRC covers the UDP source port). When that port is taken (the
+// peer QP of a loopback pair on one device has it) or the socket cannot
+// be opened, packets leave from the device's socket; the responder takes
+// a peer's packets from either port (qp.fromPeer). Called with mu held.
+func (q *qp) openTxLocked() {
+	sport := roceSport(q.qpn, q.attr.DestQPN)
+	q.peerSport = sport
+	if q.txs == nil || q.txs.connectedTo != q.peer || q.txs.local.Port() != sport {
+		q.closeTxLocked()
+		if s, err := openTxSock(netip.AddrPortFrom(q.dev.addr, sport), q.peer, q.dev.cfg.SockBuf, q.dev.cfg.NoGSO); err == nil {
+			s.connectedTo = q.peer
+			q.txs = s
+		}
+	}
+	if q.txs == nil {
+		sport = q.dev.port
+	}
+	q.flow = flow{src: q.dev.addr, dst: q.peer.Addr(), sport: sport, dport: q.peer.Port()}
+}
+
+// fromPeer reports whether a packet from src comes from the QP's peer:
+// its address, from the device's port or the pair's. Called with mu held.
+func (q *qp) fromPeer(src netip.AddrPort) bool {
+	return src == q.peer || (src.Port() == q.peerSport && src.Addr() == q.peer.Addr())
+}
+
+// closeTxLocked closes the QP's send socket, or leaves that to the
+// pumper when one is sending on it. Called with mu held.
+func (q *qp) closeTxLocked() {
+	if q.txs == nil {
+		return
+	}
+	if q.pumping {
+		if q.txsOld != nil {
+			q.txsOld.close()
+		}
+		q.txsOld = q.txs
+	} else {
+		q.txs.close()
+	}
+	q.txs = nil
 }
 
 // sqAt returns the send WQE i places after the head.

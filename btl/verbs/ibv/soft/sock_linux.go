@@ -20,13 +20,15 @@ import (
 // GRO (the kernel hands back such runs whole) where the kernel has them;
 // both are probed once at open and switched off on the first failure.
 type sock struct {
-	fd     int
-	file   *os.File
-	rc     syscall.RawConn
-	local  netip.AddrPort
-	gso    atomic.Bool
-	gro    bool
-	closed atomic.Bool
+	fd          int
+	file        *os.File // nil for a send socket (openTxSock)
+	rc          syscall.RawConn
+	local       netip.AddrPort
+	gso         atomic.Bool
+	gro         bool
+	connected   bool           // sends go to the connected peer, with no address
+	connectedTo netip.AddrPort // that peer
+	closed      atomic.Bool
 }
 
 // gsoMax bounds a GSO super-packet: the UDP length field's 64 KiB and
@@ -87,6 +89,66 @@ func openSock(addr netip.Addr, port int, bufBytes int, noGSO bool) (*sock, error
 	return s, nil
 }
 
+// openTxSock opens a send-only UDP socket bound to local and connected
+// to peer: the kernel then routes its datagrams by
+// the route cached at connect, where a datagram sent with an address
+// (the device's socket) looks the route up on every send. Nothing is
+// read from it.
+func openTxSock(local, peer netip.AddrPort, bufBytes int, noGSO bool) (*sock, error) {
+	addr := local.Addr()
+	fam := unix.AF_INET
+	if !addr.Is4() {
+		fam = unix.AF_INET6
+	}
+	fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.IPPROTO_UDP)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	s := &sock{fd: fd, connected: true}
+	fail := func(err error) (*sock, error) {
+		unix.Close(fd)
+		return nil, err
+	}
+	var sa, pa unix.Sockaddr
+	if addr.Is4() {
+		sa = &unix.SockaddrInet4{Port: int(local.Port()), Addr: addr.As4()}
+		pa = &unix.SockaddrInet4{Port: int(peer.Port()), Addr: peer.Addr().Unmap().As4()}
+	} else {
+		sa = &unix.SockaddrInet6{Port: int(local.Port()), Addr: addr.As16()}
+		pa = &unix.SockaddrInet6{Port: int(peer.Port()), Addr: peer.Addr().As16()}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		return fail(err)
+	}
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, bufBytes) != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, bufBytes)
+	}
+	if addr.Is4() {
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+	} else {
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+	}
+	if !noGSO && unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_SEGMENT, 0) == nil {
+		s.gso.Store(true)
+	}
+	if err := unix.Connect(fd, pa); err != nil {
+		return fail(err)
+	}
+	got, err := unix.Getsockname(fd)
+	if err != nil {
+		return fail(err)
+	}
+	switch g := got.(type) {
+	case *unix.SockaddrInet4:
+		s.local = netip.AddrPortFrom(netip.AddrFrom4(g.Addr), uint16(g.Port))
+	case *unix.SockaddrInet6:
+		s.local = netip.AddrPortFrom(netip.AddrFrom16(g.Addr).Unmap(), uint16(g.Port))
+	default:
+		return fail(fmt.Errorf("socket: local address %T", got))
+	}
+	return s, nil
+}
+
 // readLoop calls fn each time the socket may have datagrams, until the
 // socket is closed; fn reports whether it found any (false: wait).
 func (s *sock) readLoop(fn func() bool) {
@@ -101,6 +163,10 @@ func (s *sock) readLoop(fn func() bool) {
 // no one sends or receives on it any more.
 func (s *sock) close() {
 	s.closed.Store(true)
+	if s.file == nil {
+		unix.Close(s.fd)
+		return
+	}
 	s.file.Close()
 }
 
@@ -138,11 +204,13 @@ func (s *sock) send(ts *txState, b *txBatch) (int, error) {
 	}
 	var name *byte
 	var namelen uint32
-	if b.dst.Addr().Is4() {
+	switch {
+	case s.connected:
+	case b.dst.Addr().Is4():
 		ts.sa4 = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: b.dst.Addr().As4()}
 		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&ts.sa4.Port))[:], b.dst.Port())
 		name, namelen = (*byte)(unsafe.Pointer(&ts.sa4)), unix.SizeofSockaddrInet4
-	} else {
+	default:
 		ts.sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: b.dst.Addr().As16()}
 		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&ts.sa.Port))[:], b.dst.Port())
 		name, namelen = (*byte)(unsafe.Pointer(&ts.sa)), unix.SizeofSockaddrInet6

@@ -13,9 +13,11 @@ import (
 // The soft device needs Linux's batched UDP system calls; elsewhere Open
 // fails with an error wrapping mpierr.ErrNotSupported.
 type sock struct {
-	gso    atomic.Bool
-	gro    bool
-	closed atomic.Bool
+	gso         atomic.Bool
+	gro         bool
+	closed      atomic.Bool
+	local       netip.AddrPort
+	connectedTo netip.AddrPort
 }
 
 type txState struct{}
@@ -30,6 +32,10 @@ func newRxState(n, size int) *rxState { return &rxState{} }
 
 func openSock(addr netip.Addr, port int, bufBytes int, noGSO bool) (*sock, error) {
 	return nil, fmt.Errorf("soft: the soft verbs device runs on Linux: %w", mpierr.ErrNotSupported)
+}
+
+func openTxSock(netip.AddrPort, netip.AddrPort, int, bool) (*sock, error) {
+	return nil, mpierr.ErrNotSupported
 }
 
 func (s *sock) readLoop(func() bool)                 {}

@@ -18,7 +18,14 @@
 // process (every rank of a job) on one host has its own device on the
 // same port. The device's GID (port 1, index 0) is that address in
 // IPv4-mapped form; a QP sends to (its peer GID's address, the configured
-// port). QPs of one device may connect to each other.
+// port) from a socket of its own, connected to that peer (the kernel
+// keeps the route, where a send with an address looks it up each time)
+// and bound to the pair's UDP source port, which both ends derive from
+// the QPNs as RoCEv2 NICs do (0xC000 and up); when that port is taken
+// (the two QPs of a loopback pair on one device) it sends from the
+// device's socket. A responder takes a packet only from its peer's
+// address and one of those two ports. QPs of one device may connect to
+// each other.
 //
 // # Transport
 //
