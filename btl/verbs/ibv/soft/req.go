@@ -190,19 +190,24 @@ func (q *qp) skipAcked() {
 	}
 }
 
-// completeDone completes, from the head, the requests known finished.
+// completeDone completes, from the head, the requests known finished: a
+// READ or atomic whose response is whole, wherever the transmit cursor
+// is (after a go-back into a READ, its missing responses can arrive
+// before the cursor passes it again, and the request asked again then
+// has no answer left that would complete it), and a request acknowledged
+// once the cursor has passed it.
 func (q *qp) completeDone() {
-	for q.sqCount > 0 && q.txIdx > 0 {
+	for q.sqCount > 0 {
 		w := &q.sq[q.sqHead]
 		last := (w.psn + w.npkts - 1) & psnMask
 		if isRd(w.op) {
 			if !w.done {
-				if psnDiff(last, q.ackPSN) <= 0 {
+				if q.txIdx > 0 && psnDiff(last, q.ackPSN) <= 0 {
 					q.goBack(w.psn + w.rdRcvd)
 				}
 				break
 			}
-		} else if psnDiff(last, q.ackPSN) > 0 {
+		} else if q.txIdx == 0 || psnDiff(last, q.ackPSN) > 0 {
 			break
 		}
 		q.completeSend(w, ibv.WCSuccess)
