@@ -500,9 +500,9 @@ func (d *device) flushAcks() {
 // never fires for want of it).
 const ackLazyBound = 250 * time.Microsecond
 
-// deferLazy notes that q owes a lazy ACK (qp.queueAckLazy). Called with
-// q.mu held.
-func (d *device) deferLazy(q *qp) {
+// deferLazy notes that q owes a lazy ACK (qp.queueAckLazy), due within
+// wait, and arms the lazy timer if it is not. Called with q.mu held.
+func (d *device) deferLazy(q *qp, wait time.Duration) {
 	d.ackMu.Lock()
 	if !q.lazyQueued {
 		q.lazyQueued = true
@@ -510,12 +510,14 @@ func (d *device) deferLazy(q *qp) {
 	}
 	if !d.lazyArmed {
 		d.lazyArmed = true
-		d.lazyTimer.Reset(d.lazyBound)
+		d.lazyTimer.Reset(wait)
 	}
 	d.ackMu.Unlock()
 }
 
-// onLazyTimer sends the lazy ACKs still owed.
+// onLazyTimer sends the lazy ACKs that have waited for most of the lazy
+// bound; the younger ones wait for a later pass (in a ping-pong the
+// replies carry them before: ackLazyMax).
 func (d *device) onLazyTimer() {
 	var buf [8]*qp
 	d.ackMu.Lock()
@@ -524,8 +526,11 @@ func (d *device) onLazyTimer() {
 		return
 	}
 	d.lazyArmed = false
-	for len(d.lazy) > 0 {
-		n := copy(buf[:], d.lazy)
+	todo := len(d.lazy) // the QPs put back below wait for the next pass
+	now := d.clock.Now()
+	for todo > 0 {
+		n := copy(buf[:min(todo, len(buf))], d.lazy)
+		todo -= n
 		for _, q := range buf[:n] {
 			q.lazyQueued = false
 		}
@@ -534,7 +539,17 @@ func (d *device) onLazyTimer() {
 		d.lazy = d.lazy[:rest]
 		d.ackMu.Unlock()
 		for i, q := range buf[:n] {
-			q.sendAckNow(true)
+			q.mu.Lock()
+			owed := q.r.ctl && q.r.ackLazy
+			age := now.Sub(q.lazySince)
+			if owed && age < d.lazyBound*3/4 {
+				d.deferLazy(q, d.lazyBound-age)
+				owed = false
+			}
+			q.mu.Unlock()
+			if owed {
+				q.sendAckNow(true)
+			}
 			buf[i] = nil
 		}
 		d.ackMu.Lock()

@@ -117,6 +117,9 @@ type qp struct {
 	// lazyQueued: on the device's list of lazy ACKs; guarded by
 	// dev.ackMu.
 	lazyQueued bool
+	// lazySince is when the owed lazy ACK's first packet arrived;
+	// guarded by mu.
+	lazySince time.Time
 
 	rxEpoch uint64 // receive goroutine only
 }

@@ -94,9 +94,10 @@ const ackLazyMax = ackDeferMax
 // queueAckLazy owes an ACK for the last packet of a message whose
 // requester did not ask for one (no AckReq: its work request was
 // unsignaled and its send queue and window have room). The requester
-// needs it only to free its send queue slots and window, so it waits for
-// the device's lazy timer (device.deferLazy, well below the requester's
-// least local ACK timeout), or rides with the QP's next requests once
+// needs it only to free its send queue slots and window, so it waits up
+// to the device's lazy bound from the first packet it covers
+// (device.deferLazy, well below the requester's least local ACK
+// timeout), or rides with the QP's next requests once
 // ackLazyMax packets are unacknowledged; a packet that asks for an ACK,
 // or any other control packet, takes it along earlier (one ACK covers
 // every PSN up to it).
@@ -111,9 +112,12 @@ func (q *qp) queueAckLazy() {
 	case r.sinceAck >= ackLazyMax:
 		q.queueAckLater()
 	default:
+		if !r.ackLazy {
+			q.lazySince = q.dev.rxNow
+		}
 		q.queueAck()
 		r.ackLater, r.ackLazy = true, true
-		q.dev.deferLazy(q)
+		q.dev.deferLazy(q, q.dev.lazyBound)
 	}
 }
 
