@@ -18,6 +18,16 @@ func testConfig(t *testing.T, overrides ...[2]string) (config, error) {
 	return readConfig(set)
 }
 
+// The default credits shrink to fit a queue depth set smaller than they
+// need; credits asked for do not.
+func TestDefaultCreditsFitTheQueues(t *testing.T) {
+	c, err := testConfig(t, [2]string{paramQueueDepth, "64"})
+	require.NoError(t, err)
+	require.Equal(t, 60, c.credits)
+	_, err = testConfig(t, [2]string{paramQueueDepth, "64"}, [2]string{paramCredits, "256"})
+	require.ErrorIs(t, err, mpierr.ErrArg)
+}
+
 func TestDefaults(t *testing.T) {
 	c, err := testConfig(t)
 	require.NoError(t, err)
@@ -28,7 +38,7 @@ func TestDefaults(t *testing.T) {
 	require.Equal(t, uint8(14), c.timeout)
 	require.Equal(t, uint8(7), c.retry)
 	require.Equal(t, uint8(7), c.rnrRetry)
-	require.Equal(t, 64, c.credits)
+	require.Equal(t, defaultCredits, c.credits)
 	require.GreaterOrEqual(t, c.ringSize, 4*alignUp(c.maxFrag+frameHdrLen))
 	// self > sm > verbs > tcp.
 	p, err := params.NewSet(nil)
