@@ -176,3 +176,14 @@ func maskReserved(b []byte) []byte {
 	c[8] &= 0x80
 	return c
 }
+
+// The UDP source port of a QP pair is the same from both ends and lies in
+// RoCEv2's range for it (0xC000 and up).
+func TestRoCESourcePort(t *testing.T) {
+	for _, p := range [][2]uint32{{0x11, 0x12}, {0x123, 0xabcdef}, {0xffffff, 0xffffff}, {2, 3}} {
+		s := roceSport(p[0], p[1])
+		require.Equal(t, s, roceSport(p[1], p[0]), "QPNs %#x", p)
+		require.GreaterOrEqual(t, s, uint16(0xc000), "QPNs %#x", p)
+	}
+	require.NotEqual(t, roceSport(0x11, 0x12), roceSport(0x11, 0x13))
+}
