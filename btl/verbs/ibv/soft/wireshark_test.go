@@ -51,7 +51,7 @@ func TestWiresharkDissects(t *testing.T) {
 	// A port of its own, so that other traffic on 4791 stays out.
 	port := 20000 + os.Getpid()%20000
 	pcap := filepath.Join(t.TempDir(), "soft.pcap")
-	cap := exec.Command(dumpcap, "-i", "lo", "-f", fmt.Sprintf("udp port %d", port), "-w", pcap)
+	cap := exec.Command(dumpcap, "-i", "lo", "-B", "64", "-f", fmt.Sprintf("udp port %d", port), "-w", pcap)
 	stderr, err := cap.StderrPipe()
 	require.NoError(t, err)
 	if err := cap.Start(); err != nil {
@@ -87,7 +87,22 @@ func TestWiresharkDissects(t *testing.T) {
 	o.timeout = 10
 	o.minRNR = 1
 	a, b := newPair(t, cfg, lossy, o)
-	time.Sleep(200 * time.Millisecond) // dumpcap says it captures a little before it does
+	// dumpcap says it captures a little before it does: zero-length
+	// WRITEs go out until the file holds one, so that what follows is
+	// captured whole.
+	sentBy := func() int {
+		return int(a.ctx.(*devContext).Counters().PacketsSent + b.ctx.(*devContext).Counters().PacketsSent)
+	}
+	dl := deadline(t, 20*time.Second)
+	for captured(tshark, pcap) == 0 {
+		require.False(t, time.Now().After(dl), "dumpcap wrote no packet in 20 s")
+		_, err = a.qp.PostSend([]ibv.SendWR{writeWR(9, a.mr, 0, b.mr, 0)})
+		require.NoError(t, err)
+		pollOne(t, a.scq, ibv.WCSuccess)
+	}
+	// From here on the capture is live: every packet sent from now is
+	// in the file once dumpcap has written it (with one of the warm-up).
+	sentBefore := sentBy()
 	rwrs := make([]ibv.RecvWR, 30)
 	for i := range rwrs {
 		rwrs[i] = ibv.RecvWR{ID: uint64(i), SGList: []ibv.SGEntry{ibv.SGE(b.mr, 0, 20000)}}
@@ -135,7 +150,13 @@ func TestWiresharkDissects(t *testing.T) {
 	_, err = a.qp.PostSend([]ibv.SendWR{bad})
 	require.NoError(t, err)
 	pollOne(t, a.scq, ibv.WCRemAccessErr)
-	time.Sleep(100 * time.Millisecond) // let dumpcap write the last packets
+	// Stop the capture once the file holds every packet the two devices
+	// sent (or after 20 s: what is missing then fails the checks below).
+	want := sentBy() - sentBefore + 1
+	dl = deadline(t, 20*time.Second)
+	for captured(tshark, pcap) < want && time.Now().Before(dl) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	require.NoError(t, cap.Process.Signal(syscall.SIGINT))
 	_ = cap.Wait()
 
@@ -183,4 +204,11 @@ func TestWiresharkDissects(t *testing.T) {
 	require.NotZero(t, naks[uint64(synRNR)], "no RNR NAK captured")
 	require.NotZero(t, naks[uint64(synNAK)], "no NAK captured")
 	_ = bytes.Equal
+}
+
+// captured counts the packets in the capture file dumpcap is writing
+// (tshark reads the complete blocks of a file still being written).
+func captured(tshark, pcap string) int {
+	out, _ := exec.Command(tshark, "-r", pcap, "-T", "fields", "-e", "frame.number").Output()
+	return strings.Count(string(out), "\n")
 }
