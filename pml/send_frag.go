@@ -130,21 +130,8 @@ func (e *Engine) sendDone(r *Request, n int, err error) {
 }
 
 func (e *Engine) failSendLocked(r *Request, err error) {
-	if r.pmlDone {
-		return
-	}
-	r.pmlDone = true
-	delete(e.reqs, r.id)
-	if r.reg != nil {
-		r.reg.Release()
-		r.reg = nil
-	}
-	if r.release != nil {
-		r.release()
-	}
-	if !r.mpiDone {
-		r.mpiDone = true
-		r.complete(Status{Source: r.peer, Tag: r.tag}, err)
+	if !r.pmlDone {
+		e.endSendLocked(r, Status{Source: r.peer, Tag: r.tag}, err)
 	}
 }
 
@@ -153,6 +140,13 @@ func (e *Engine) checkSendLocked(r *Request) {
 	if r.pmlDone || !r.acked || r.delivered < r.msgLen || r.inflight > 0 || len(r.ranges) > 0 {
 		return
 	}
+	e.endSendLocked(r, Status{Source: r.peer, Tag: r.tag, Count: r.msgLen}, nil)
+}
+
+// endSendLocked ends the PML's part of send r (its registration and
+// buffer released) and completes it for mpi with st and err unless that
+// was done already.
+func (e *Engine) endSendLocked(r *Request, st Status, err error) {
 	r.pmlDone = true
 	delete(e.reqs, r.id)
 	if r.reg != nil {
@@ -164,7 +158,7 @@ func (e *Engine) checkSendLocked(r *Request) {
 	}
 	if !r.mpiDone {
 		r.mpiDone = true
-		r.complete(Status{Source: r.peer, Tag: r.tag, Count: r.msgLen}, nil)
+		r.complete(st, err)
 	}
 }
 

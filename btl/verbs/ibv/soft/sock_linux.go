@@ -38,37 +38,46 @@ const (
 	gsoMaxSegs  = 64
 )
 
-func openSock(addr netip.Addr, port int, bufBytes int, noGSO bool) (*sock, error) {
+// sockaddr is ap as the kernel takes it (an IPv4-mapped IPv6 address as
+// IPv4 when v4 is set).
+func sockaddr(ap netip.AddrPort, v4 bool) unix.Sockaddr {
+	if v4 {
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().Unmap().As4()}
+	}
+	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+}
+
+// udpSocket opens a non-blocking UDP socket bound to local, with DF on
+// every packet (no fragmentation; the IPv4 ID is then zero, as the ICRC
+// assumes), buffers of bufBytes (the send buffer, and the receive buffer
+// when recv: a window of packets in flight must fit the peer's receive
+// buffer; the FORCE variants pass rmem_max as root), and UDP GSO unless
+// noGSO. It returns the socket with fd, local and gso set.
+func udpSocket(local netip.AddrPort, bufBytes int, recv, noGSO bool) (*sock, error) {
+	v4 := local.Addr().Is4()
 	fam := unix.AF_INET
-	if !addr.Is4() {
+	if !v4 {
 		fam = unix.AF_INET6
 	}
 	fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.IPPROTO_UDP)
 	if err != nil {
 		return nil, fmt.Errorf("socket: %w", err)
 	}
-	s := &sock{fd: fd}
-	var sa unix.Sockaddr
-	if addr.Is4() {
-		sa = &unix.SockaddrInet4{Port: port, Addr: addr.As4()}
-	} else {
-		sa = &unix.SockaddrInet6{Port: port, Addr: addr.As16()}
-	}
-	if err := unix.Bind(fd, sa); err != nil {
+	if err := unix.Bind(fd, sockaddr(local, v4)); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
-	s.local = netip.AddrPortFrom(addr, uint16(port))
-	// Large buffers: a window of packets in flight must fit the peer's
-	// receive buffer. The FORCE variants pass rmem_max as root.
-	for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
+	s := &sock{fd: fd, local: local}
+	bufs := [][2]int{{unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}}
+	if recv {
+		bufs = append(bufs, [2]int{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF})
+	}
+	for _, o := range bufs {
 		if unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[0], bufBytes) != nil {
 			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[1], bufBytes)
 		}
 	}
-	// DF on every packet (no fragmentation; the IPv4 ID is then zero, as
-	// the ICRC assumes).
-	if addr.Is4() {
+	if v4 {
 		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
 	} else {
 		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
@@ -76,12 +85,22 @@ func openSock(addr netip.Addr, port int, bufBytes int, noGSO bool) (*sock, error
 	if !noGSO && unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_SEGMENT, 0) == nil {
 		s.gso.Store(true)
 	}
-	if !noGSO && unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil {
+	return s, nil
+}
+
+// openSock opens the device's socket on addr and port: sends and
+// receives (UDP GRO unless noGSO), read through Go's poller.
+func openSock(addr netip.Addr, port int, bufBytes int, noGSO bool) (*sock, error) {
+	s, err := udpSocket(netip.AddrPortFrom(addr, uint16(port)), bufBytes, true, noGSO)
+	if err != nil {
+		return nil, err
+	}
+	if !noGSO && unix.SetsockoptInt(s.fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil {
 		s.gro = true
 	}
 	// The descriptor is non-blocking; Go's poller wakes the receive
 	// goroutine (os.NewFile registers it).
-	s.file = os.NewFile(uintptr(fd), "soft-udp")
+	s.file = os.NewFile(uintptr(s.fd), "soft-udp")
 	if s.rc, err = s.file.SyscallConn(); err != nil {
 		s.file.Close()
 		return nil, err
@@ -90,51 +109,23 @@ func openSock(addr netip.Addr, port int, bufBytes int, noGSO bool) (*sock, error
 }
 
 // openTxSock opens a send-only UDP socket bound to local and connected
-// to peer: the kernel then routes its datagrams by
-// the route cached at connect, where a datagram sent with an address
-// (the device's socket) looks the route up on every send. Nothing is
-// read from it.
+// to peer: the kernel then routes its datagrams by the route cached at
+// connect, where a datagram sent with an address (the device's socket)
+// looks the route up on every send. Nothing is read from it.
 func openTxSock(local, peer netip.AddrPort, bufBytes int, noGSO bool) (*sock, error) {
-	addr := local.Addr()
-	fam := unix.AF_INET
-	if !addr.Is4() {
-		fam = unix.AF_INET6
-	}
-	fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.IPPROTO_UDP)
+	s, err := udpSocket(local, bufBytes, false, noGSO)
 	if err != nil {
-		return nil, fmt.Errorf("socket: %w", err)
-	}
-	s := &sock{fd: fd, connected: true}
-	fail := func(err error) (*sock, error) {
-		unix.Close(fd)
 		return nil, err
 	}
-	var sa, pa unix.Sockaddr
-	if addr.Is4() {
-		sa = &unix.SockaddrInet4{Port: int(local.Port()), Addr: addr.As4()}
-		pa = &unix.SockaddrInet4{Port: int(peer.Port()), Addr: peer.Addr().Unmap().As4()}
-	} else {
-		sa = &unix.SockaddrInet6{Port: int(local.Port()), Addr: addr.As16()}
-		pa = &unix.SockaddrInet6{Port: int(peer.Port()), Addr: peer.Addr().As16()}
+	s.connected = true
+	fail := func(err error) (*sock, error) {
+		unix.Close(s.fd)
+		return nil, err
 	}
-	if err := unix.Bind(fd, sa); err != nil {
+	if err := unix.Connect(s.fd, sockaddr(peer, local.Addr().Is4())); err != nil {
 		return fail(err)
 	}
-	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, bufBytes) != nil {
-		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, bufBytes)
-	}
-	if addr.Is4() {
-		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
-	} else {
-		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
-	}
-	if !noGSO && unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_SEGMENT, 0) == nil {
-		s.gso.Store(true)
-	}
-	if err := unix.Connect(fd, pa); err != nil {
-		return fail(err)
-	}
-	got, err := unix.Getsockname(fd)
+	got, err := unix.Getsockname(s.fd)
 	if err != nil {
 		return fail(err)
 	}
