@@ -1,0 +1,106 @@
+// Recycling: where requests come from (the engine's free list of receive
+// requests, then a sync.Pool) and when a finished one may go back, and
+// the pool of header buffers the send and rendezvous paths encode into.
+
+package pml
+
+import (
+	"sync"
+
+	"github.com/gompi-org/gompi/pml/hdr"
+)
+
+var reqPool = sync.Pool{New: func() any { return allocReq() }}
+
+// allocReq makes a request with its waiter channel (which every Wait on it
+// shares; reset keeps it).
+func allocReq() *Request { return &Request{own: waiter{ch: make(chan struct{}, 1)}} }
+
+func newReq(owned bool) *Request {
+	if !owned {
+		return allocReq()
+	}
+	r := reqPool.Get().(*Request)
+	r.owned = true
+	return r
+}
+
+// freeMax bounds an engine's free list of receive requests (~0.5 KiB each).
+const freeMax = 256
+
+// RecycleAll gives completed requests back, many at once (a Waitall's):
+// the poolable ones of this engine go to its free list, which Irecv takes
+// from, under one hold of the lock; the others to the sync.Pool. It
+// reorders rs (scratch space for it); the caller must have seen them done
+// and must not touch them again.
+func (e *Engine) RecycleAll(rs []*Request) {
+	n := 0
+	for _, r := range rs {
+		if r.Done() && r.poolable() && r.comm != nil && r.comm.e == e {
+			r.reset()
+			rs[n] = r
+			n++
+		} else {
+			recycle(r)
+		}
+	}
+	if n == 0 {
+		return
+	}
+	e.mu.Lock()
+	k := min(n, freeMax-len(e.free))
+	e.free = append(e.free, rs[:k]...)
+	e.mu.Unlock()
+	for _, r := range rs[k:n] {
+		reqPool.Put(r)
+	}
+}
+
+// takeFreeLocked returns a clean receive request: from the free list, or
+// the pool. Called with e.mu held.
+func (e *Engine) takeFreeLocked() *Request {
+	if r := e.popFreeLocked(); r != nil {
+		return r
+	}
+	return newReq(true)
+}
+
+// popFreeLocked takes a request from the free list, nil when it is empty.
+func (e *Engine) popFreeLocked() *Request {
+	n := len(e.free)
+	if n == 0 {
+		return nil
+	}
+	r := e.free[n-1]
+	e.free[n-1] = nil
+	e.free = e.free[:n-1]
+	return r
+}
+
+// recycle gives r back to the pool once it is done.
+func recycle(r *Request) {
+	if r.Done() {
+		recycleUnstarted(r)
+	}
+}
+
+// recycleUnstarted gives back a pooled request that the engine no longer
+// references: done, or never started. Requests the engine may still
+// reference after completion are left to the garbage collector: one that
+// went through a rendezvous (a scheduler loop or a transport callback on
+// another goroutine may still hold it) and a buffered send (it completes
+// before its fragment has left).
+func recycleUnstarted(r *Request) {
+	if r.poolable() {
+		r.reset()
+		reqPool.Put(r)
+	}
+}
+
+// poolable: r came from the pool and the engine keeps no reference to it
+// once it is done: no rendezvous id, or a quiet one (RDMA direct get over
+// a transport whose GETs finish within their call, without a fallback to
+// copies), and no buffered-send release.
+func (r *Request) poolable() bool { return r.owned && (r.id == 0 || r.quiet) && r.release == nil }
+
+var hdrPool = sync.Pool{New: func() any { return new([hdr.MaxLen]byte) }}
