@@ -52,3 +52,17 @@ func (r *Rendezvous) Inject(peer int, part bool, hdr, b []byte) {
 		r.handle(peer, msg)
 	}
 }
+
+// Ahead reports the tensors in this rank's table whose content Send
+// registered ahead of their request.
+func (r *Rendezvous) Ahead() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, s := range r.table {
+		if s.pre != nil {
+			n++
+		}
+	}
+	return n
+}

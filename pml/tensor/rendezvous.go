@@ -123,11 +123,25 @@ type cacheKey struct {
 }
 
 // sent is a tensor in the table: its meta-data and the bytes that travel,
-// or the error that every request for it gets.
+// or the error that every request for it gets. pre is the content's
+// registration for remote read with preMod, made by Send when the last
+// request for the name read its content (expose), so that the request
+// that takes it finds it registered.
 type sent struct {
 	m       meta
 	content []byte
 	err     error
+	pre     btl.Registration
+	preMod  btl.Module
+}
+
+// unexpose gives up s's registration made ahead of its request, into out
+// (released after the outbox's writes).
+func (s *sent) unexpose(out *outbox) {
+	if s.pre != nil {
+		out.releases = append(out.releases, s.pre)
+		s.pre, s.preMod = nil, nil
+	}
 }
 
 // Rendezvous is one rank's side of a tensor rendezvous over a
@@ -158,6 +172,7 @@ type Rendezvous struct {
 	waiting map[key][]*resp              // requests that arrived before their tensor
 	resps   map[respKey]*resp            // requests waiting for their tensor or for a TENSOR_RE_REQUEST
 	exposed map[respKey]btl.Registration // contents registered for their receiver to read, until it releases them
+	pullers map[string]int               // tensor name -> the rank whose last request for it read the content (Send registers ahead)
 	// Receiver side.
 	reqs     map[uint32]*recvReq
 	live     []int // by source rank: receives in reqs
@@ -212,7 +227,7 @@ func New(c *mpi.Comm, opts ...Option) (*Rendezvous, error) {
 		table: map[key]*sent{}, waiting: map[key][]*resp{}, resps: map[respKey]*resp{},
 		reqs: map[uint32]*recvReq{}, nextIdx: 1, cache: map[cacheKey]meta{},
 		batch: make([]pendingBatch, dup.Size()), proxies: map[btl.Module][]*proxyBuf{},
-		exposed: map[respKey]btl.Registration{}, rel: make([][]uint32, dup.Size()), relBytes: make([]int, dup.Size()),
+		exposed: map[respKey]btl.Registration{}, pullers: map[string]int{}, rel: make([][]uint32, dup.Size()), relBytes: make([]int, dup.Size()),
 		live:    make([]int, dup.Size()),
 		peerErr: make([]error, dup.Size()),
 		kick:    make(chan struct{}, 1), stop: make(chan struct{}), pumpDone: make(chan struct{}),
@@ -298,9 +313,47 @@ func (r *Rendezvous) Send(step int64, name string, t Tensor) error {
 		return fmt.Errorf("%w: %q at step %d", ErrDuplicate, name, step)
 	}
 	r.offerLocked(k, s, &out)
+	puller := -1
+	if terr == nil && r.table[k] == s {
+		if p, ok := r.pullers[name]; ok {
+			puller = p
+		}
+	}
 	r.mu.Unlock()
 	r.run(&out)
+	if puller >= 0 {
+		r.expose(k, s, puller)
+	}
 	return terr
+}
+
+// expose registers the content of s, which waits in the table under k,
+// for remote read by rank p, whose last request for the name read the
+// content: the request that takes it then answers at once instead of
+// registering first. Send runs it after the tensor is in the table, while
+// the request is usually on its way (a producer that sends before its
+// consumer asks, as in a loop of steps), so the registration leaves the
+// path from the request to the content. A request that takes s before
+// the registration is in place registers for itself, and this one is
+// released.
+func (r *Rendezvous) expose(k key, s *sent, p int) {
+	ep := r.endpoint(p)
+	if !r.canPull(ep, uint64(len(s.content))) {
+		return
+	}
+	mod := ep.Module()
+	reg, err := mod.Register(s.content, btl.AccessRemoteRead)
+	if err != nil {
+		return
+	}
+	r.mu.Lock()
+	if r.table[k] == s && s.pre == nil && !r.closed && r.aborted == nil {
+		s.pre, s.preMod, reg = reg, mod, nil
+	}
+	r.mu.Unlock()
+	if reg != nil {
+		reg.Release()
+	}
 }
 
 // offerLocked gives s to the first request waiting for k, or puts it in
@@ -438,6 +491,9 @@ func (r *Rendezvous) abortLocked(err error, out *outbox) {
 	for _, rq := range r.reqs {
 		r.tellLocked(rq, Tensor{}, err, out)
 	}
+	for _, s := range r.table {
+		s.unexpose(out)
+	}
 	clear(r.table)
 	for k, ws := range r.waiting {
 		for _, rs := range ws {
@@ -507,6 +563,11 @@ func (r *Rendezvous) Close() error {
 	for k, reg := range r.exposed {
 		reg.Release()
 		delete(r.exposed, k)
+	}
+	for _, s := range r.table {
+		if s.pre != nil {
+			s.pre.Release()
+		}
 	}
 	clear(r.table)
 	clear(r.waiting)

@@ -334,3 +334,80 @@ func TestChecksumMismatch(t *testing.T) {
 		return nil
 	})
 }
+
+// TestRegisteredAhead: a tensor sent before its request, whose name's
+// last request read the content, is registered by Send; the request then
+// reads it with that registration. The registration goes when the
+// content is copied (a changed shape), when a request that does not read
+// takes the tensor (which also stops registering ahead for the name), and
+// at Close. Rank 1 sends; rank 0 reads (the default), rank 2 takes puts.
+func TestRegisteredAhead(t *testing.T) {
+	const size = 64 << 10
+	done := make(chan error, 1)
+	go func() {
+		done <- mpi.Run(3, func(w *mpi.Comm) error {
+			var opts []tensor.Option
+			if w.Rank() == 2 {
+				opts = append(opts, tensor.WithPullMin(0))
+			}
+			rv, err := tensor.New(w, opts...)
+			if err != nil {
+				return err
+			}
+			defer rv.Close()
+			ctx := deadline(t)
+			// step: the tensor's step, receiver and size, and whether the
+			// sender registers it ahead.
+			for _, st := range []struct {
+				step  int64
+				recv  int
+				size  int
+				ahead bool
+			}{
+				{0, 0, size, false},    // first step: nothing known
+				{1, 0, size, true},     // rank 0 read step 0
+				{2, 0, size, true},     // and step 1
+				{3, 0, 2 * size, true}, // a changed shape: the content is copied for the META_DATA_RESPONSE
+				{4, 2, size, true},     // taken by rank 2, which does not read
+				{5, 0, size, false},    // nothing ahead after that
+				{6, 0, size, true},     // rank 0 read step 5
+				{7, 0, size, true},     // never received: Close releases it
+			} {
+				data := seq(st.size, byte(st.step))
+				if w.Rank() == 1 {
+					if err := rv.Send(st.step, "w", tensor.Tensor{DType: tensor.Uint8, Shape: []int64{int64(st.size)}, Data: data}); err != nil {
+						return err
+					}
+					if n := rv.Ahead(); int64(n) != boolInt(st.ahead) {
+						return fmt.Errorf("step %d: %d tensors registered ahead, want %v", st.step, n, st.ahead)
+					}
+				}
+				if err := w.Barrier(); err != nil { // the tensor is in the table before its request
+					return err
+				}
+				if w.Rank() == st.recv && st.step != 7 {
+					got, err := rv.Recv(ctx, st.step, "w", 1)
+					if err != nil {
+						return err
+					}
+					if string(got.Data) != string(data) {
+						return fmt.Errorf("step %d: content differs", st.step)
+					}
+				}
+				if err := w.Barrier(); err != nil {
+					return err
+				}
+				if w.Rank() == 1 && st.step != 7 && rv.Ahead() != 0 {
+					return fmt.Errorf("step %d: %d tensors still registered ahead after the receive", st.step, rv.Ahead())
+				}
+			}
+			return w.Barrier()
+		})
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("ranks did not finish within 60s")
+	}
+}

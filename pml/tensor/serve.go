@@ -23,6 +23,10 @@ type resp struct {
 	req      reqEntry // the latest request (meta-data, destination)
 	s        *sent    // the tensor, once matched
 	metaSent bool     // META_DATA_RESPONSE went out; a TENSOR_RE_REQUEST is awaited
+	// The content's registration made ahead by Send (sent.pre), handed
+	// to the write with the tensor.
+	pre    btl.Registration
+	preMod btl.Module
 }
 
 // onRequestLocked takes TENSOR_REQUEST and TENSOR_RE_REQUEST entries
@@ -30,6 +34,7 @@ type resp struct {
 func (r *Rendezvous) onRequestLocked(peer int, m *requestMsg, out *outbox) {
 	r.releaseLocked(peer, m.released, out)
 	for _, e := range m.entries {
+		r.notePullerLocked(peer, e)
 		rk := respKey{peer, e.index}
 		if m.re {
 			r.onReRequestLocked(rk, e, out)
@@ -70,9 +75,12 @@ func (r *Rendezvous) matchLocked(rs *resp, s *sent, out *outbox) {
 	}
 	if rs.req.hasMeta && rs.req.meta.equal(s.m) {
 		delete(r.resps, respKey{rs.peer, rs.idx})
+		rs.pre, rs.preMod = s.pre, s.preMod
+		s.pre, s.preMod = nil, nil
 		out.writes = append(out.writes, rs)
 		return
 	}
+	s.unexpose(out) // the content is copied: the registration covers the original
 	if s.m.dtype != String && len(s.content) > 0 {
 		s.content = bytes.Clone(s.content)
 	}
@@ -212,17 +220,26 @@ func (r *Rendezvous) write(rss []*resp) {
 func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
 	content := rs.s.content
 	ne.index = rs.idx
+	pre, preMod := rs.pre, rs.preMod
+	rs.pre, rs.preMod = nil, nil
 	if r.cfg.checksum {
 		ne.hasSum, ne.sum = true, crc32.Checksum(content, castagnoli)
 	}
-	if len(content) == 0 {
-		return ne, true
+	if len(content) > 0 {
+		r.st.written.Add(int64(len(content)))
 	}
-	r.st.written.Add(int64(len(content)))
 	ep := r.endpoint(rs.peer)
-	if rs.req.pull && ep != nil && ep.Module().Caps()&btl.CapGet != 0 {
-		// The receiver reads the content: expose it until it says it did.
-		if reg, err := ep.Module().Register(content, btl.AccessRemoteRead); err == nil {
+	if len(content) > 0 && rs.req.pull && ep != nil && ep.Module().Caps()&btl.CapGet != 0 {
+		// The receiver reads the content: expose it until it says it did
+		// (registered by Send already when the name's last request read
+		// it from the same transport).
+		reg, err := pre, error(nil)
+		if pre == nil || preMod != ep.Module() {
+			reg, err = ep.Module().Register(content, btl.AccessRemoteRead)
+		} else {
+			pre = nil
+		}
+		if err == nil {
 			ne.via, ne.handle = viaGet, bytes.Clone(reg.Handle())
 			r.mu.Lock()
 			if r.closed || r.peerErr[rs.peer] != nil {
@@ -231,9 +248,18 @@ func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
 				r.exposed[respKey{rs.peer, rs.idx}] = reg
 			}
 			r.mu.Unlock()
+			if pre != nil {
+				pre.Release()
+			}
 			return ne, true
 		}
 		// Not registered: the content goes as a message (below).
+	}
+	if pre != nil { // taken by a request that does not read it
+		pre.Release()
+	}
+	if len(content) == 0 {
+		return ne, true
 	}
 	if rs.req.handle != nil && ep != nil && ep.Module().Caps()&btl.CapPut != 0 && ep.Module().Name() == rs.req.transport {
 		ne.via = viaPut
@@ -275,6 +301,28 @@ func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
 		r.track(q)
 	}
 	return ne, true
+}
+
+// maxPullers bounds the names whose last reader Send remembers.
+const maxPullers = 4096
+
+// notePullerLocked remembers whether the request e from rank p reads the
+// content: Send registers the next tensor of the name ahead for the rank
+// whose last request (with meta-data, so sized) read it (expose), and
+// for none after one that does not.
+func (r *Rendezvous) notePullerLocked(p int, e reqEntry) {
+	switch {
+	case e.pull:
+		if q, ok := r.pullers[e.name]; ok && q == p {
+			return
+		}
+		if len(r.pullers) >= maxPullers {
+			clear(r.pullers)
+		}
+		r.pullers[e.name] = p
+	case e.hasMeta && len(r.pullers) > 0:
+		delete(r.pullers, e.name)
+	}
 }
 
 // putDone notifies a put that completed after its call, or fails the
