@@ -42,6 +42,21 @@ type notifyEntry struct {
 	handle []byte // viaGet
 }
 
+// newNotifyMsg returns a message with room for n entries; a single one
+// (the answer to one request, the steady state) shares the message's
+// allocation.
+func newNotifyMsg(n int) *notifyMsg {
+	if n == 1 {
+		one := &struct {
+			m notifyMsg
+			e [1]notifyEntry
+		}{}
+		one.m.entries = one.e[:0:1]
+		return &one.m
+	}
+	return &notifyMsg{entries: make([]notifyEntry, 0, n)}
+}
+
 func (m *notifyMsg) kind() kind { return kindNotify }
 
 func (m *notifyMsg) appendBody(b []byte) []byte {
@@ -64,7 +79,7 @@ func (m *notifyMsg) appendBody(b []byte) []byte {
 
 func decodeNotify(r *reader) *notifyMsg {
 	n := r.count(3)
-	m := &notifyMsg{entries: make([]notifyEntry, 0, n)}
+	m := newNotifyMsg(n)
 	for i := 0; i < n && r.err == nil; i++ {
 		var e notifyEntry
 		e.index = r.index()

@@ -48,6 +48,20 @@ const (
 	reqPull      = 4
 )
 
+// newRequestMsg returns a message with room for n entries; a single one
+// (a Recv's request, the steady state) shares the message's allocation.
+func newRequestMsg(re bool, n int) *requestMsg {
+	if n == 1 {
+		one := &struct {
+			m requestMsg
+			e [1]reqEntry
+		}{}
+		one.m.re, one.m.entries = re, one.e[:0:1]
+		return &one.m
+	}
+	return &requestMsg{re: re, entries: make([]reqEntry, 0, n)}
+}
+
 func (m *requestMsg) kind() kind {
 	if m.re {
 		return kindReRequest
@@ -95,7 +109,7 @@ func (e *reqEntry) size() int {
 
 func decodeRequest(r *reader, re bool) *requestMsg {
 	n := r.count(5)
-	m := &requestMsg{re: re, entries: make([]reqEntry, 0, n)}
+	m := newRequestMsg(re, n)
 	for i := 0; i < n && r.err == nil; i++ {
 		var e reqEntry
 		e.index = r.index()

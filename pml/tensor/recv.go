@@ -159,7 +159,9 @@ func (r *Rendezvous) requestLocked(rq *recvReq, e reqEntry, re, now bool, out *o
 	b := &r.batch[rq.src]
 	empty := len(b.req)+len(b.re) == 0
 	if !r.cfg.batching || empty && (now || r.live[rq.src] <= 1) {
-		out.msg(rq.src, &requestMsg{re: re, entries: []reqEntry{e}, released: r.takeReleasedLocked(rq.src)})
+		m := newRequestMsg(re, 1)
+		m.entries, m.released = append(m.entries, e), r.takeReleasedLocked(rq.src)
+		out.msg(rq.src, m)
 		return
 	}
 	if re {

@@ -187,6 +187,14 @@ func (r *Rendezvous) write(rss []*resp) {
 		peer, size int
 		m          *notifyMsg
 	}
+	if len(rss) == 1 { // one request (the steady state of Recv)
+		if ne, now := r.writeOne(rss[0]); now {
+			m := newNotifyMsg(1)
+			m.entries = append(m.entries, ne)
+			r.send(rss[0].peer, m)
+		}
+		return
+	}
 	var notes []note // by peer, in the order they came (usually one)
 	for _, rs := range rss {
 		ne, now := r.writeOne(rs)
@@ -263,12 +271,13 @@ func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
 	}
 	if rs.req.handle != nil && ep != nil && ep.Module().Caps()&btl.CapPut != 0 && ep.Module().Name() == rs.req.transport {
 		ne.via = viaPut
+		pe := ne // the completions' copy: ne itself stays off the heap on the other paths
 		w := r.pc.World(rs.peer)
 		if ip, ok := ep.(ImmediatePutter); ok && !r.cfg.checksum && !r.pc.Engine().PeerQueued(w) {
 			// The write carries the request index: no NOTIFY.
 			_, err := ip.WriteWithImm(content, rs.req.handle, 0, rs.idx, func(err error) {
 				if err != nil {
-					r.putDone(rs, ne, err)
+					r.putDone(rs, pe, err)
 				}
 			})
 			if err == nil {
@@ -282,7 +291,7 @@ func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
 		// (btl.ErrWouldBlock) is posted again from progress, and the
 		// control messages sent after it wait behind it.
 		done, err := r.pc.Engine().PeerPut(w, content, rs.req.handle, 0, func(err error) {
-			r.putDone(rs, ne, err)
+			r.putDone(rs, pe, err)
 		})
 		if err == nil {
 			r.st.puts.Add(1)
@@ -334,7 +343,9 @@ func (r *Rendezvous) putDone(rs *resp, ne notifyEntry, err error) {
 		r.send(rs.peer, &errorMsg{index: rs.idx, text: fmt.Sprintf("write the content: %v", err)})
 		return
 	}
-	r.send(rs.peer, &notifyMsg{entries: []notifyEntry{ne}})
+	m := newNotifyMsg(1)
+	m.entries = append(m.entries, ne)
+	r.send(rs.peer, m)
 }
 
 // meta adds a META_DATA_RESPONSE entry for peer; one message per peer
