@@ -143,8 +143,16 @@ func (m *Module) SpinFor(size int) time.Duration {
 // spinLarge is the smallest receive that spins again (SpinFor).
 const spinLarge = 1 << 20
 
-// Poll dispatches what senders handed over; it returns how many fragments.
-func (m *Module) Poll() int { return m.drain() }
+// Poll dispatches what senders handed over; it returns how many
+// fragments. When there were none, it takes chunks of the world's shared
+// copy, if one is posted (split.go).
+func (m *Module) Poll() int {
+	n := m.drain()
+	if n == 0 {
+		m.help()
+	}
+	return n
+}
 
 // Park announces a goroutine of this rank that is about to block without
 // polling, and dispatches what was handed over so far; until Unpark,

@@ -45,9 +45,17 @@ func init() {
 	})
 	params.Register(params.Def{Name: paramSpin, Kind: params.Duration, Default: "500us",
 		Help: "how long an in-process rank waiting for a receive of up to 224 bytes or of 1 MiB and more polls for hand-offs after pml_wait_spin, before it parks (needs no more mpi.Run ranks than GOMAXPROCS; 0: no hand-offs, ranks park at once)"})
+	params.Register(params.Def{Name: paramSplit, Kind: params.Size, Default: "2m",
+		Help: "Puts and Gets of at least this many bytes are copied in chunks by the asking rank and by any rank of the process that waits polling meanwhile (needs btl_self_spin > 0; 0 disables)"})
+	params.Register(params.Def{Name: paramSplitChunk, Kind: params.Size, Default: "256k",
+		Help: "largest chunk of a shared Put or Get (btl_self_split; at least 64k, and at least 1m for copies over 8m, which then stream past the caches as copy() does)"})
 }
 
-const paramSpin = "btl_self_spin"
+const (
+	paramSpin       = "btl_self_spin"
+	paramSplit      = "btl_self_split"
+	paramSplitChunk = "btl_self_split_chunk"
+)
 
 // World is the set of ranks living in one process. Ranks join it with
 // Attach; a module reaches exactly the ranks of its world.
@@ -61,6 +69,10 @@ type World struct {
 
 	size  atomic.Int32 // modules attached (a rank spins only while size <= procs)
 	procs int32        // GOMAXPROCS when the world was made
+
+	_   [64]byte                // job on a line of its own: every poll reads it
+	job atomic.Pointer[copyJob] // the shared copy in progress (split.go)
+	_   [56]byte
 }
 
 // NewWorld makes an empty world.
@@ -79,7 +91,7 @@ func (w *World) Attach(env *btl.Env) (*Module, error) {
 	}
 	w.size.Add(1)
 	m := &Module{w: w, rank: env.Rank, disp: env.Dispatch, lim: lim, caps: c, excl: excl, eps: map[int]*endpoint{}, stats: env.Stats,
-		spin: max(0, env.Params.Duration(paramSpin))}
+		spin: max(0, env.Params.Duration(paramSpin)), split: max(0, env.Params.Int(paramSplit)), splitChunk: env.Params.Int(paramSplitChunk)}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if _, dup := w.mods[env.Rank]; dup {
@@ -99,6 +111,8 @@ type Module struct {
 	excl   int
 	closed atomic.Bool
 	spin   time.Duration // btl_self_spin
+
+	split, splitChunk int // btl_self_split, btl_self_split_chunk (split.go)
 
 	mu  sync.Mutex
 	eps map[int]*endpoint
@@ -304,7 +318,7 @@ func (e *endpoint) Put(local []byte, handle []byte, off int, _ btl.Completion) (
 	if err != nil {
 		return false, err
 	}
-	copy(mem, local)
+	e.from.copyShared(mem, local)
 	e.from.puts.Add(1)
 	e.from.putBytes.Add(int64(len(local)))
 	return true, nil
@@ -328,7 +342,7 @@ func (e *endpoint) GetNow(local []byte, handle []byte, off int) error {
 	if err != nil {
 		return err
 	}
-	copy(local, mem)
+	e.from.copyShared(local, mem)
 	e.from.gets.Add(1)
 	e.from.getBytes.Add(int64(len(local)))
 	return nil
