@@ -137,7 +137,7 @@ func (q *qp) seal(hdrLen, payLen int, c uint32) {
 	pad := padLen(payLen)
 	t := q.tx.alloc(pad + icrcLen)
 	if pad > 0 {
-		c = icrcUpdate(c, t[:pad])
+		c = crcBytes(c, t[:pad])
 	}
 	putICRC(t[pad:], c)
 	q.tx.part(t)
@@ -157,7 +157,7 @@ func (q *qp) startPacket(p *packet, payLen int) (uint32, int) {
 	q.tx.part(h)
 	udpLen := hl + payLen + padLen(payLen) + icrcLen
 	c := q.tx.icrc.start(&q.flow, udpLen, h)
-	return icrcUpdate(c, h[bthLen:]), hl
+	return crcBytes(c, h[bthLen:]), hl
 }
 
 // addPayload adds bytes [off, off+n) of segs to the packet and the CRC.
