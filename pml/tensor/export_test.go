@@ -66,3 +66,7 @@ func (r *Rendezvous) Ahead() int {
 	}
 	return n
 }
+
+// Registered reports the contents this rank registered for remote read
+// so far.
+func (r *Rendezvous) Registered() int64 { return r.st.registered.Load() }

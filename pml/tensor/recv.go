@@ -552,11 +552,15 @@ func (r *Rendezvous) peerGoneLocked(p int, err error, out *outbox) {
 	b := &r.batch[p]
 	b.req, b.re = nil, nil
 	r.rel[p], r.relBytes[p] = nil, 0
-	for k, reg := range r.exposed { // p reads no more
+	for k, x := range r.exposed { // p reads no more
 		if k.peer == p {
-			reg.Release()
+			x.reg.Release()
 			delete(r.exposed, k)
 		}
+	}
+	if x := r.spare[p]; x.reg != nil {
+		x.reg.Release()
+		r.spare[p] = exposure{}
 	}
 	for k, rs := range r.resps {
 		if k.peer == p {

@@ -108,6 +108,7 @@ type counters struct {
 	requests, reRequests, hits, misses, written, errors        atomic.Int64
 	metas, control, notifies, puts, msgContents, proxies, cncl atomic.Int64
 	gets                                                       atomic.Int64
+	registered                                                 atomic.Int64 // contents registered for remote read (not in Stats: the tests' view)
 }
 
 // key names a tensor in a sender's table.
@@ -139,9 +140,22 @@ type sent struct {
 // (released after the outbox's writes).
 func (s *sent) unexpose(out *outbox) {
 	if s.pre != nil {
-		out.releases = append(out.releases, s.pre)
+		out.releases = append(out.releases, exposure{s.pre, s.preMod, s.content})
 		s.pre, s.preMod = nil, nil
 	}
+}
+
+// exposure is a content registered for remote read: the registration,
+// its module and the memory it covers.
+type exposure struct {
+	reg btl.Registration
+	mod btl.Module
+	mem []byte
+}
+
+// covers reports whether x registers exactly mem with mod.
+func (x exposure) covers(mod btl.Module, mem []byte) bool {
+	return x.mod == mod && len(x.mem) == len(mem) && len(mem) > 0 && &x.mem[0] == &mem[0]
 }
 
 // Rendezvous is one rank's side of a tensor rendezvous over a
@@ -169,10 +183,11 @@ type Rendezvous struct {
 	mu sync.Mutex // guards every field below, up to st
 	// Sender side.
 	table   map[key]*sent
-	waiting map[key][]*resp              // requests that arrived before their tensor
-	resps   map[respKey]*resp            // requests waiting for their tensor or for a TENSOR_RE_REQUEST
-	exposed map[respKey]btl.Registration // contents registered for their receiver to read, until it releases them
-	pullers map[string]int               // tensor name -> the rank whose last request for it read the content (Send registers ahead)
+	waiting map[key][]*resp      // requests that arrived before their tensor
+	resps   map[respKey]*resp    // requests waiting for their tensor or for a TENSOR_RE_REQUEST
+	exposed map[respKey]exposure // contents registered for their receiver to read, until it releases them
+	spare   []exposure           // by rank: the registration of the content it released last, kept until the next write to it (which takes it when its content is in the same memory)
+	pullers map[string]int       // tensor name -> the rank whose last request for it read the content (Send registers ahead)
 	// Receiver side.
 	reqs     map[uint32]*recvReq
 	live     []int // by source rank: receives in reqs
@@ -227,7 +242,7 @@ func New(c *mpi.Comm, opts ...Option) (*Rendezvous, error) {
 		table: map[key]*sent{}, waiting: map[key][]*resp{}, resps: map[respKey]*resp{},
 		reqs: map[uint32]*recvReq{}, nextIdx: 1, cache: map[cacheKey]meta{},
 		batch: make([]pendingBatch, dup.Size()), proxies: map[btl.Module][]*proxyBuf{},
-		exposed: map[respKey]btl.Registration{}, pullers: map[string]int{}, rel: make([][]uint32, dup.Size()), relBytes: make([]int, dup.Size()),
+		exposed: map[respKey]exposure{}, spare: make([]exposure, dup.Size()), pullers: map[string]int{}, rel: make([][]uint32, dup.Size()), relBytes: make([]int, dup.Size()),
 		live:    make([]int, dup.Size()),
 		peerErr: make([]error, dup.Size()),
 		kick:    make(chan struct{}, 1), stop: make(chan struct{}), pumpDone: make(chan struct{}),
@@ -315,7 +330,7 @@ func (r *Rendezvous) Send(step int64, name string, t Tensor) error {
 	r.offerLocked(k, s, &out)
 	puller := -1
 	if terr == nil && r.table[k] == s {
-		if p, ok := r.pullers[name]; ok {
+		if p, ok := r.pullers[name]; ok && !r.exposedToLocked(p, content) {
 			puller = p
 		}
 	}
@@ -325,6 +340,22 @@ func (r *Rendezvous) Send(step int64, name string, t Tensor) error {
 		r.expose(k, s, puller)
 	}
 	return terr
+}
+
+// exposedToLocked reports whether mem is registered for rank p to read
+// already: a content in the same memory as one p has not released yet,
+// or as the one it released last (a producer that sends from one buffer
+// step after step), whose registration the write to p takes over.
+func (r *Rendezvous) exposedToLocked(p int, mem []byte) bool {
+	if x := r.spare[p]; x.reg != nil && x.covers(x.mod, mem) {
+		return true
+	}
+	for k, x := range r.exposed {
+		if k.peer == p && x.covers(x.mod, mem) {
+			return true
+		}
+	}
+	return false
 }
 
 // expose registers the content of s, which waits in the table under k,
@@ -346,6 +377,7 @@ func (r *Rendezvous) expose(k key, s *sent, p int) {
 	if err != nil {
 		return
 	}
+	r.st.registered.Add(1)
 	r.mu.Lock()
 	if r.table[k] == s && s.pre == nil && !r.closed && r.aborted == nil {
 		s.pre, s.preMod, reg = reg, mod, nil
@@ -560,9 +592,15 @@ func (r *Rendezvous) Close() error {
 		}
 		delete(r.proxies, m)
 	}
-	for k, reg := range r.exposed {
-		reg.Release()
+	for k, x := range r.exposed {
+		x.reg.Release()
 		delete(r.exposed, k)
+	}
+	for p, x := range r.spare {
+		if x.reg != nil {
+			x.reg.Release()
+		}
+		r.spare[p] = exposure{}
 	}
 	for _, s := range r.table {
 		if s.pre != nil {
@@ -586,7 +624,7 @@ type outbox struct {
 	writes   []*resp
 	gets     []pendingGet
 	tells    []tell
-	releases []btl.Registration // contents the receiver has read
+	releases []exposure // registrations to release (contents the receiver has read), unless a write reuses one
 }
 
 // tell is a receive's outcome for its caller: Recv's waiter or
@@ -612,7 +650,7 @@ func (r *Rendezvous) run(o *outbox) {
 		r.send(m.peer, m.m)
 	}
 	if len(o.writes) > 0 {
-		r.write(o.writes)
+		r.write(o.writes, o)
 	}
 	for _, g := range o.gets {
 		r.pull(g)
@@ -624,8 +662,10 @@ func (r *Rendezvous) run(o *outbox) {
 			t.done(t.t, t.err)
 		}
 	}
-	for _, reg := range o.releases {
-		reg.Release()
+	for _, x := range o.releases {
+		if x.reg != nil {
+			x.reg.Release()
+		}
 	}
 }
 

@@ -109,12 +109,18 @@ func (r *Rendezvous) onReRequestLocked(rk respKey, e reqEntry, out *outbox) {
 
 // releaseLocked takes the registrations of contents peer has read; out
 // releases them after its writes, which a request carrying releases
-// usually starts (they wait for nobody).
+// usually starts (they wait for nobody). The last one stays as peer's
+// spare until the next write to peer, which takes it over when its
+// content is in the same memory (a producer that sends from one buffer
+// step after step registers it once) and releases it otherwise.
 func (r *Rendezvous) releaseLocked(peer int, idx []uint32, out *outbox) {
 	for _, i := range idx {
 		k := respKey{peer, i}
-		if reg := r.exposed[k]; reg != nil {
-			out.releases = append(out.releases, reg)
+		if x, ok := r.exposed[k]; ok {
+			if old := r.spare[peer]; old.reg != nil {
+				out.releases = append(out.releases, old)
+			}
+			r.spare[peer] = x
 			delete(r.exposed, k)
 		}
 	}
@@ -182,13 +188,13 @@ func (r *Rendezvous) returnLocked(rs *resp, out *outbox) {
 // notifications of writes that completed during the call go to each peer
 // in one NOTIFY; a put that completes later sends its own. Called without
 // r.mu.
-func (r *Rendezvous) write(rss []*resp) {
+func (r *Rendezvous) write(rss []*resp, o *outbox) {
 	type note struct {
 		peer, size int
 		m          *notifyMsg
 	}
 	if len(rss) == 1 { // one request (the steady state of Recv)
-		if ne, now := r.writeOne(rss[0]); now {
+		if ne, now := r.writeOne(rss[0], o); now {
 			m := newNotifyMsg(1)
 			m.entries = append(m.entries, ne)
 			r.send(rss[0].peer, m)
@@ -197,7 +203,7 @@ func (r *Rendezvous) write(rss []*resp) {
 	}
 	var notes []note // by peer, in the order they came (usually one)
 	for _, rs := range rss {
-		ne, now := r.writeOne(rs)
+		ne, now := r.writeOne(rs, o)
 		if !now {
 			continue
 		}
@@ -225,7 +231,7 @@ func (r *Rendezvous) write(rss []*resp) {
 // writeOne starts one content's write; now reports whether its
 // notification can go at once (false: a put completes later and notifies
 // itself).
-func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
+func (r *Rendezvous) writeOne(rs *resp, o *outbox) (ne notifyEntry, now bool) {
 	content := rs.s.content
 	ne.index = rs.idx
 	pre, preMod := rs.pre, rs.preMod
@@ -238,14 +244,31 @@ func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
 	}
 	ep := r.endpoint(rs.peer)
 	if len(content) > 0 && rs.req.pull && ep != nil && ep.Module().Caps()&btl.CapGet != 0 {
-		// The receiver reads the content: expose it until it says it did
-		// (registered by Send already when the name's last request read
-		// it from the same transport).
+		// The receiver reads the content: expose it until it says it did.
+		// The registration is Send's, made ahead when the name's last
+		// request read it from the same transport, or the receiver's
+		// spare when the content is in the memory it released last (a
+		// producer sending from one buffer), or a new one.
+		mod := ep.Module()
 		reg, err := pre, error(nil)
-		if pre == nil || preMod != ep.Module() {
-			reg, err = ep.Module().Register(content, btl.AccessRemoteRead)
-		} else {
+		if pre != nil && preMod == mod {
 			pre = nil
+		} else {
+			reg = nil
+		}
+		r.mu.Lock()
+		if x := r.spare[rs.peer]; x.reg != nil {
+			if reg == nil && x.covers(mod, content) {
+				reg = x.reg
+			} else {
+				o.releases = append(o.releases, x) // not this memory: the next content will not be either
+			}
+			r.spare[rs.peer] = exposure{}
+		}
+		r.mu.Unlock()
+		if reg == nil {
+			reg, err = mod.Register(content, btl.AccessRemoteRead)
+			r.st.registered.Add(1)
 		}
 		if err == nil {
 			ne.via, ne.handle = viaGet, bytes.Clone(reg.Handle())
@@ -253,7 +276,7 @@ func (r *Rendezvous) writeOne(rs *resp) (ne notifyEntry, now bool) {
 			if r.closed || r.peerErr[rs.peer] != nil {
 				reg.Release()
 			} else {
-				r.exposed[respKey{rs.peer, rs.idx}] = reg
+				r.exposed[respKey{rs.peer, rs.idx}] = exposure{reg, mod, content}
 			}
 			r.mu.Unlock()
 			if pre != nil {
