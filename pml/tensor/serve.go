@@ -27,6 +27,10 @@ type resp struct {
 	// to the write with the tensor.
 	pre    btl.Registration
 	preMod btl.Module
+	// ready: the content's registration for the requester to read, in
+	// exposed already (readyLocked), so that the write only sends NOTIFY.
+	ready  btl.Registration
+	listed bool // in resps
 }
 
 // onRequestLocked takes TENSOR_REQUEST and TENSOR_RE_REQUEST entries
@@ -55,6 +59,7 @@ func (r *Rendezvous) onRequestLocked(peer int, m *requestMsg, out *outbox) {
 		s, ok := r.table[rs.key]
 		if !ok {
 			r.resps[rk] = rs
+			rs.listed = true
 			r.waiting[rs.key] = append(r.waiting[rs.key], rs)
 			continue
 		}
@@ -74,9 +79,13 @@ func (r *Rendezvous) matchLocked(rs *resp, s *sent, out *outbox) {
 		return
 	}
 	if rs.req.hasMeta && rs.req.meta.equal(s.m) {
-		delete(r.resps, respKey{rs.peer, rs.idx})
+		if rs.listed {
+			delete(r.resps, respKey{rs.peer, rs.idx})
+			rs.listed = false
+		}
 		rs.pre, rs.preMod = s.pre, s.preMod
 		s.pre, s.preMod = nil, nil
+		r.readyLocked(rs, out)
 		out.writes = append(out.writes, rs)
 		return
 	}
@@ -85,6 +94,7 @@ func (r *Rendezvous) matchLocked(rs *resp, s *sent, out *outbox) {
 		s.content = bytes.Clone(s.content)
 	}
 	r.resps[respKey{rs.peer, rs.idx}] = rs
+	rs.listed = true
 	rs.metaSent = true
 	r.st.metas.Add(1)
 	out.meta(rs.peer, metaEntry{index: rs.idx, meta: s.m})
@@ -104,7 +114,42 @@ func (r *Rendezvous) onReRequestLocked(rk respKey, e reqEntry, out *outbox) {
 	}
 	rs.req = e
 	delete(r.resps, rk)
+	rs.listed = false
+	r.readyLocked(rs, out)
 	out.writes = append(out.writes, rs)
+}
+
+// readyLocked exposes the content of rs for its requester to read, when
+// the request asks to and a registration is at hand: Send's, made ahead,
+// or the requester's spare when the content is in the memory it covers.
+// Done here, under the lock the handler holds anyway, the write then only
+// sends NOTIFY. Otherwise the write registers (writeOne).
+func (r *Rendezvous) readyLocked(rs *resp, out *outbox) {
+	content := rs.s.content
+	if !rs.req.pull || len(content) == 0 || r.peerErr[rs.peer] != nil {
+		return
+	}
+	ep := r.endpoint(rs.peer)
+	if ep == nil || ep.Module().Caps()&btl.CapGet == 0 {
+		return
+	}
+	mod := ep.Module()
+	var reg btl.Registration
+	if rs.pre != nil && rs.preMod == mod {
+		reg, rs.pre, rs.preMod = rs.pre, nil, nil
+	}
+	if x := r.spare[rs.peer]; x.reg != nil {
+		if reg == nil && x.covers(mod, content) {
+			reg = x.reg
+		} else {
+			out.releases = append(out.releases, x) // not this memory: the next content will not be either
+		}
+		r.spare[rs.peer] = exposure{}
+	}
+	if reg != nil {
+		rs.ready = reg
+		r.exposed[respKey{rs.peer, rs.idx}] = exposure{reg, mod, content}
+	}
 }
 
 // releaseLocked takes the registrations of contents peer has read; out
@@ -241,6 +286,14 @@ func (r *Rendezvous) writeOne(rs *resp, o *outbox) (ne notifyEntry, now bool) {
 	}
 	if len(content) > 0 {
 		r.st.written.Add(int64(len(content)))
+	}
+	if rs.ready != nil { // exposed by the handler (readyLocked)
+		ne.via, ne.handle = viaGet, bytes.Clone(rs.ready.Handle())
+		rs.ready = nil
+		if pre != nil {
+			pre.Release()
+		}
+		return ne, true
 	}
 	ep := r.endpoint(rs.peer)
 	if len(content) > 0 && rs.req.pull && ep != nil && ep.Module().Caps()&btl.CapGet != 0 {
