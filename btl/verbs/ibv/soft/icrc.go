@@ -34,6 +34,7 @@ type icrcScratch struct {
 	ph    [40 + 8]byte // the masked IP and UDP headers, laid out on a miss
 	cache [icrcCacheLen]icrcHead
 	next  int // the entry a miss replaces
+	last  int // the entry the last packet used, looked at first
 }
 
 // icrcCacheLen is how many (flow, UDP length) pairs an icrcScratch keeps.
@@ -52,23 +53,31 @@ type icrcHead struct {
 // UDP header and BTH of a packet whose UDP payload (BTH to ICRC) is
 // udpLen bytes. hdr starts with the BTH.
 func (s *icrcScratch) start(f *flow, udpLen int, hdr []byte) uint32 {
+	if e := &s.cache[s.last%icrcCacheLen]; e.matches(f, udpLen) {
+		return crcBTH(e.crc, hdr)
+	}
 	var c uint32
 	hit := false
 	for i := range s.cache {
-		// The lengths and ports first: cheap, and they differ first.
-		e := &s.cache[i]
-		if e.valid && e.udpLen == udpLen && e.f.sport == f.sport && e.f.dport == f.dport &&
-			e.f.src == f.src && e.f.dst == f.dst {
-			c, hit = e.crc, true
+		if e := &s.cache[i]; e.matches(f, udpLen) {
+			c, hit, s.last = e.crc, true, i
 			break
 		}
 	}
 	if !hit {
 		c = s.head(f, udpLen)
 		s.cache[s.next] = icrcHead{f: *f, udpLen: udpLen, crc: c, valid: true}
+		s.last = s.next
 		s.next = (s.next + 1) % icrcCacheLen
 	}
 	return crcBTH(c, hdr)
+}
+
+// matches reports whether e holds the state for f and udpLen: the
+// lengths and ports first, which are cheap to compare and differ first.
+func (e *icrcHead) matches(f *flow, udpLen int) bool {
+	return e.valid && e.udpLen == udpLen && e.f.sport == f.sport && e.f.dport == f.dport &&
+		e.f.src == f.src && e.f.dst == f.dst
 }
 
 // crcBTH continues a CRC over the BTH at the start of b, with byte 4

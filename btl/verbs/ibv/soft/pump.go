@@ -44,9 +44,11 @@ func (q *qp) pump(budget int) {
 		n, err := s.send(q.ts, q.tx)
 		c := &q.dev.ctr
 		c.pktSent.Add(uint64(n))
-		for i := 0; i < n; i++ {
-			c.bytesSent.Add(uint64(q.tx.pkts[i].size))
+		sent := 0
+		for _, k := range q.tx.pkts[:n] {
+			sent += k.size
 		}
+		c.bytesSent.Add(uint64(sent)) // one atomic per batch, not per packet
 		if err != nil || n < len(q.tx.pkts) {
 			c.sendErr.Add(uint64(len(q.tx.pkts) - n))
 		}

@@ -65,7 +65,7 @@ func (d *device) drain(batches int) bool {
 		got = true
 		d.rxNow = d.clock.Now() // one clock read per batch, not per packet
 		more := n == d.rs.limit // a short batch emptied the socket
-		largest := 0
+		largest, pkts := 0, 0
 		for i := 0; i < n; i++ {
 			data, seg, from, ok := d.rs.datagram(i)
 			if !ok {
@@ -74,7 +74,7 @@ func (d *device) drain(batches int) bool {
 			}
 			largest = max(largest, len(data))
 			if len(data) == 0 {
-				d.ctr.pktRecv.Add(1)
+				pkts++
 				d.ctr.bad.Add(1)
 				continue
 			}
@@ -82,9 +82,11 @@ func (d *device) drain(batches int) bool {
 				seg = len(data)
 			}
 			for off := 0; off < len(data); off += seg {
+				pkts++
 				d.inject(data[off:min(off+seg, len(data))], from)
 			}
 		}
+		d.ctr.pktRecv.Add(uint64(pkts)) // one atomic per batch, not per packet
 		d.flushDirty()
 		d.rs.limit = rxLimit(n, d.rs.limit, largest, len(d.rs.msgs))
 		if !more {
@@ -99,9 +101,8 @@ func (d *device) drain(batches int) bool {
 }
 
 // inject applies the configured faults to one received packet, then
-// processes it.
+// processes it. The caller counts it in pktRecv.
 func (d *device) inject(pkt []byte, from netip.AddrPort) {
-	d.ctr.pktRecv.Add(1)
 	if !d.faults {
 		d.input(pkt, from)
 		return
