@@ -18,17 +18,25 @@ type packet struct {
 // inconsistent or unknown packet; it never reads outside b.
 func decodePacket(b []byte) (packet, int, error) {
 	var p packet
+	n, err := p.decode(b)
+	return p, n, err
+}
+
+// decode is decodePacket into p, which it overwrites: the receive path
+// decodes into a packet of its own instead of copying one back.
+func (p *packet) decode(b []byte) (int, error) {
+	*p = packet{}
 	h, n, err := decodeBTH(b)
 	if err != nil {
-		return p, 0, err
+		return 0, err
 	}
 	f, ok := opInfo(h.opcode)
 	if !ok {
-		return p, 0, errOpcode
+		return 0, errOpcode
 	}
 	p.bth, p.flags = h, f
 	if len(b) < n+extLen(f)+icrcLen {
-		return p, 0, errShort
+		return 0, errShort
 	}
 	if f&fRETH != 0 {
 		r, k, _ := decodeRETH(b[n:])
@@ -41,7 +49,7 @@ func decodePacket(b []byte) (packet, int, error) {
 	if f&fAETH != 0 {
 		a, k, _ := decodeAETH(b[n:])
 		if !validSyndrome(a.syndrome) {
-			return p, 0, errReserved
+			return 0, errReserved
 		}
 		p.aeth, n = a, n+k
 	}
@@ -56,15 +64,15 @@ func decodePacket(b []byte) (packet, int, error) {
 	body := b[n : len(b)-icrcLen]
 	if f&fPayload == 0 {
 		if len(body) != 0 || h.padCnt != 0 {
-			return p, 0, errLength
+			return 0, errLength
 		}
-		return p, len(b), nil
+		return len(b), nil
 	}
 	if int(h.padCnt) > len(body) || (len(body))%4 != 0 {
-		return p, 0, errPad
+		return 0, errPad
 	}
 	p.payload = body[:len(body)-int(h.padCnt)]
-	return p, len(b), nil
+	return len(b), nil
 }
 
 // headerLen returns the bytes of BTH and extension headers of op.

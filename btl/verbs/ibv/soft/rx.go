@@ -156,8 +156,8 @@ func (d *device) input1(pkt []byte, from netip.AddrPort) {
 		}
 		return
 	}
-	p, _, err := decodePacket(pkt)
-	if err != nil {
+	var p packet
+	if _, err := p.decode(pkt); err != nil {
 		d.ctr.bad.Add(1)
 		return
 	}
