@@ -292,6 +292,9 @@ func (r *Rendezvous) endpoint(p int) btl.Endpoint {
 
 // Send puts t in this rank's table under (step, name), or hands it at once
 // to a request that is already waiting for it. It never blocks on a peer.
+// A content of 32 KiB or more that goes into the table makes Send poll
+// the transports once, so that a request for it already on its way is
+// answered within the call.
 // A (step, name) already in the table is ErrDuplicate; an invalid tensor
 // (unknown DType, Data or Strings that do not match the shape) is an error
 // here, and every request for that (step, name) fails with ERROR_STATUS
@@ -327,9 +330,9 @@ func (r *Rendezvous) Send(step int64, name string, t Tensor) error {
 		r.mu.Unlock()
 		return fmt.Errorf("%w: %q at step %d", ErrDuplicate, name, step)
 	}
-	r.offerLocked(k, s, &out)
+	tabled := r.offerLocked(k, s, &out)
 	puller := -1
-	if terr == nil && r.table[k] == s {
+	if tabled && terr == nil && len(r.pullers) > 0 && r.cfg.pullMin > 0 && len(content) >= r.cfg.pullMin {
 		if p, ok := r.pullers[name]; ok && !r.exposedToLocked(p, content) {
 			puller = p
 		}
@@ -339,8 +342,20 @@ func (r *Rendezvous) Send(step int64, name string, t Tensor) error {
 	if puller >= 0 {
 		r.expose(k, s, puller)
 	}
+	if tabled && len(content) >= pollMin {
+		// A request for it may be on its way, or here but not handled
+		// yet (this goroutine was busy producing): one poll of the
+		// transports answers it within this call instead of when a
+		// waiter or the PML's background poller polls next.
+		r.pc.Engine().Progress()
+	}
 	return terr
 }
+
+// pollMin is the smallest content whose Send polls the transports once
+// after putting it in the table: one poll costs little beside the copy of
+// such a content, and not a step of hundreds of small tensors.
+const pollMin = 32 << 10
 
 // exposedToLocked reports whether mem is registered for rank p to read
 // already: a content in the same memory as one p has not released yet,
@@ -389,19 +404,22 @@ func (r *Rendezvous) expose(k key, s *sent, p int) {
 }
 
 // offerLocked gives s to the first request waiting for k, or puts it in
-// the table.
-func (r *Rendezvous) offerLocked(k key, s *sent, out *outbox) {
-	if w := r.waiting[k]; len(w) > 0 {
-		rs := w[0]
-		if len(w) == 1 {
-			delete(r.waiting, k)
-		} else {
-			r.waiting[k] = w[1:]
+// the table; it reports whether s went into the table.
+func (r *Rendezvous) offerLocked(k key, s *sent, out *outbox) bool {
+	if len(r.waiting) > 0 {
+		if w := r.waiting[k]; len(w) > 0 {
+			rs := w[0]
+			if len(w) == 1 {
+				delete(r.waiting, k)
+			} else {
+				r.waiting[k] = w[1:]
+			}
+			r.matchLocked(rs, s, out)
+			return false
 		}
-		r.matchLocked(rs, s, out)
-		return
 	}
 	r.table[k] = s
+	return true
 }
 
 // Recv receives the tensor that rank src sends under (step, name). It
@@ -461,9 +479,9 @@ func (w *recvWaiter) tell(t Tensor, err error) {
 // or the error. It may be called before RecvAsync returns (an argument
 // error, a closed rendezvous); otherwise it runs where the answer is
 // handled: on a goroutine that polls the transports (the rendezvous's
-// progress goroutine, which polls while RecvAsyncs are pending, or any
-// MPI call of this process waiting meanwhile) or on the goroutine of an
-// in-process peer. So done must be short and must not block: it must not
+// progress goroutine, which polls while RecvAsyncs are pending, any MPI
+// call of this process waiting meanwhile, or a Send of a large tensor) or
+// on the goroutine of an in-process peer. So done must be short and must not block: it must not
 // call Recv, Close or blocking MPI operations (RecvAsync, Send and
 // Recycle are fine). Requests are batched (WithBatching).
 func (r *Rendezvous) RecvAsync(step int64, name string, src int, done func(Tensor, error)) {
