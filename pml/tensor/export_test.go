@@ -70,3 +70,14 @@ func (r *Rendezvous) Ahead() int {
 // Registered reports the contents this rank registered for remote read
 // so far.
 func (r *Rendezvous) Registered() int64 { return r.st.registered.Load() }
+
+// SetNextIndex makes n the counter of this rank's next request index
+// (tests of its wrap).
+func (r *Rendezvous) SetNextIndex(n uint32) {
+	r.mu.Lock()
+	r.nextIdx = n & idxMask
+	r.mu.Unlock()
+}
+
+// IndexCounterMax is the largest value of the request index counter.
+const IndexCounterMax = idxMask

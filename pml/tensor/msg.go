@@ -245,7 +245,11 @@ func appendMeta(b []byte, m meta) []byte {
 	return binary.AppendUvarint(b, m.bytes)
 }
 
-func (r *reader) meta() meta {
+func (r *reader) meta() meta { return r.metaInto(nil) }
+
+// metaInto is meta with the shape in buf when it has room (its length is
+// ignored).
+func (r *reader) metaInto(buf []int64) meta {
 	var m meta
 	m.dtype = DType(r.u8())
 	switch r.u8() {
@@ -263,7 +267,11 @@ func (r *reader) meta() meta {
 		r.fail("shape of rank %d", n)
 		return m
 	}
-	m.shape = make([]int64, n)
+	if n <= uint64(cap(buf)) {
+		m.shape = buf[:n:n]
+	} else {
+		m.shape = make([]int64, n)
+	}
 	for i := range m.shape {
 		m.shape[i] = r.varint()
 	}

@@ -39,12 +39,19 @@ func appendIndices(b []byte, idx []uint32) []byte {
 }
 
 // indices reads a list of request indices (nil when empty).
-func (r *reader) indices() []uint32 {
+func (r *reader) indices() []uint32 { return r.indicesInto(nil) }
+
+// indicesInto is indices with the result in buf when it has room (its
+// length is ignored).
+func (r *reader) indicesInto(buf []uint32) []uint32 {
 	n := r.count(1)
 	if n == 0 {
 		return nil
 	}
-	out := make([]uint32, 0, n)
+	out := buf[:0]
+	if n > cap(buf) {
+		out = make([]uint32, 0, n)
+	}
 	for i := 0; i < n && r.err == nil; i++ {
 		out = append(out, r.index())
 	}

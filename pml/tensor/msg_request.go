@@ -48,18 +48,32 @@ const (
 	reqPull      = 4
 )
 
+// requestOne is a single-entry request in one allocation: a Recv's
+// request, the steady state. A decoder puts a short shape and a few
+// releases in it too.
+type requestOne struct {
+	m     requestMsg
+	e     [1]reqEntry
+	shape [4]int64
+	rel   [4]uint32
+}
+
 // newRequestMsg returns a message with room for n entries; a single one
-// (a Recv's request, the steady state) shares the message's allocation.
+// shares the message's allocation.
 func newRequestMsg(re bool, n int) *requestMsg {
+	m, _ := newRequestMsgOne(re, n)
+	return m
+}
+
+// newRequestMsgOne is newRequestMsg that also returns, for a single entry,
+// the allocation's room for a shape and releases (nil otherwise).
+func newRequestMsgOne(re bool, n int) (*requestMsg, *requestOne) {
 	if n == 1 {
-		one := &struct {
-			m requestMsg
-			e [1]reqEntry
-		}{}
+		one := &requestOne{}
 		one.m.re, one.m.entries = re, one.e[:0:1]
-		return &one.m
+		return &one.m, one
 	}
-	return &requestMsg{re: re, entries: make([]reqEntry, 0, n)}
+	return &requestMsg{re: re, entries: make([]reqEntry, 0, n)}, nil
 }
 
 func (m *requestMsg) kind() kind {
@@ -109,7 +123,12 @@ func (e *reqEntry) size() int {
 
 func decodeRequest(r *reader, re bool) *requestMsg {
 	n := r.count(5)
-	m := newRequestMsg(re, n)
+	m, one := newRequestMsgOne(re, n)
+	var shapeBuf []int64
+	var relBuf []uint32
+	if one != nil {
+		shapeBuf, relBuf = one.shape[:0], one.rel[:0]
+	}
 	for i := 0; i < n && r.err == nil; i++ {
 		var e reqEntry
 		e.index = r.index()
@@ -122,7 +141,7 @@ func decodeRequest(r *reader, re bool) *requestMsg {
 		e.pull = flags&reqPull != 0
 		if flags&reqHasMeta != 0 {
 			e.hasMeta = true
-			e.meta = r.meta()
+			e.meta = r.metaInto(shapeBuf)
 		}
 		if flags&reqHasHandle != 0 {
 			e.handle = append([]byte{}, r.bytes(maxHandle)...)
@@ -139,7 +158,7 @@ func decodeRequest(r *reader, re bool) *requestMsg {
 		m.entries = append(m.entries, e)
 	}
 	if r.err == nil {
-		m.released = r.indices()
+		m.released = r.indicesInto(relBuf)
 	}
 	return m
 }

@@ -67,9 +67,11 @@ func (r *Rendezvous) start(step int64, name string, src int, done func(Tensor, e
 		return nil, 0, r.peerErr[src]
 	}
 	rq = &recvReq{idx: r.slot<<slotShift | r.nextIdx, src: src, key: key{step, name}, done: done, w: w}
-	for { // the next counter value whose index is free (it wraps)
+	for { // the next counter value whose index is free (it wraps; until it does, every one is)
 		r.nextIdx = (r.nextIdx + 1) & idxMask
-		if r.nextIdx != 0 && r.reqs[r.slot<<slotShift|r.nextIdx] == nil {
+		if r.nextIdx == 0 {
+			r.idxWrapped = true
+		} else if !r.idxWrapped || r.reqs[r.slot<<slotShift|r.nextIdx] == nil {
 			break
 		}
 	}

@@ -189,15 +189,16 @@ type Rendezvous struct {
 	spare   []exposure           // by rank: the registration of the content it released last, kept until the next write to it (which takes it when its content is in the same memory)
 	pullers map[string]int       // tensor name -> the rank whose last request for it read the content (Send registers ahead)
 	// Receiver side.
-	reqs     map[uint32]*recvReq
-	live     []int // by source rank: receives in reqs
-	nextIdx  uint32
-	cache    map[cacheKey]meta
-	batch    []pendingBatch // by source rank (WithBatching)
-	rel      [][]uint32     // by source rank: contents read, whose release waits for the next request
-	relBytes []int
-	pool     bufPool
-	proxies  map[btl.Module][]*proxyBuf // registered proxy buffers not in use
+	reqs       map[uint32]*recvReq
+	live       []int // by source rank: receives in reqs
+	nextIdx    uint32
+	idxWrapped bool // nextIdx went past its largest value once: indices ahead may be live
+	cache      map[cacheKey]meta
+	batch      []pendingBatch // by source rank (WithBatching)
+	rel        [][]uint32     // by source rank: contents read, whose release waits for the next request
+	relBytes   []int
+	pool       bufPool
+	proxies    map[btl.Module][]*proxyBuf // registered proxy buffers not in use
 	// Both.
 	peerErr []error // by rank: why requests to and from it fail (dead, closed)
 	aborted error

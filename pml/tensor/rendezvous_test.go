@@ -450,3 +450,65 @@ func TestOneBufferRegisteredOnce(t *testing.T) {
 		return nil
 	})
 }
+
+// TestIndexWrap: after the request index counter wraps, a receive skips
+// the index of one still pending; every receive gets its own tensor.
+func TestIndexWrap(t *testing.T) {
+	run(t, 2, nil, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
+		ctx := deadline(t)
+		val := func(step int64) tensor.Tensor {
+			return tensor.Tensor{DType: tensor.Float32, Shape: []int64{2}, Data: floats(float32(step), float32(step)+0.5)}
+		}
+		if w.Rank() == 1 {
+			if _, err := w.Recv(make([]byte, 1), 0, 0); err != nil { // the receives are posted
+				return err
+			}
+			for step := int64(0); step < 5; step++ {
+				if err := rv.Send(step, "x", val(step)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		// Step 0 takes index 1 and stays pending across the wrap.
+		ch := make(chan error, 1)
+		rv.RecvAsync(0, "x", 1, func(got tensor.Tensor, err error) {
+			if err == nil && string(got.Data) != string(val(0).Data) {
+				err = fmt.Errorf("step 0 got %v", got.Data)
+			}
+			ch <- err
+		})
+		rv.SetNextIndex(tensor.IndexCounterMax - 1)
+		type res struct {
+			step int64
+			t    tensor.Tensor
+			err  error
+		}
+		out := make(chan res, 4)
+		for step := int64(1); step < 5; step++ { // counter max-1, max, then 2 and 3 (1 is live)
+			rv.RecvAsync(step, "x", 1, func(got tensor.Tensor, err error) { out <- res{step, got, err} })
+		}
+		if err := w.Send([]byte{1}, 1, 0); err != nil {
+			return err
+		}
+		for i := 0; i < 4; i++ {
+			select {
+			case r := <-out:
+				if r.err != nil {
+					return r.err
+				}
+				if string(r.t.Data) != string(val(r.step).Data) {
+					return fmt.Errorf("step %d got %v", r.step, r.t.Data)
+				}
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		select {
+		case err := <-ch:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+}

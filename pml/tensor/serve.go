@@ -53,8 +53,10 @@ func (r *Rendezvous) onRequestLocked(peer int, m *requestMsg, out *outbox) {
 			r.answerErrorLocked(rs, classClosed, ErrClosed.Error(), out)
 			continue
 		}
-		if _, dup := r.resps[rk]; dup {
-			continue // the requester reused a live index: nothing sane to answer
+		if len(r.resps) > 0 {
+			if _, dup := r.resps[rk]; dup {
+				continue // the requester reused a live index: nothing sane to answer
+			}
 		}
 		s, ok := r.table[rs.key]
 		if !ok {
