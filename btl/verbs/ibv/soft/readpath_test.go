@@ -178,7 +178,10 @@ func TestCGReadPath(t *testing.T) {
 	}
 }
 
-// BenchmarkReadPath times the two halves per 4 MiB READ (1024 packets).
+// BenchmarkReadPath replays 4 MiB READs (1024 packets each): ns/pkt is
+// the requester's taking in of one response packet (cgReadInput), ns/op
+// the whole READ with the responder's building of its packets and this
+// harness's copies of them.
 func BenchmarkReadPath(b *testing.B) {
 	r := newReadReplay(b, 4<<20)
 	ad := r.a.qp.(*qp).dev
