@@ -21,7 +21,11 @@ import (
 // world: a copy that finds the slot taken is made alone.
 //
 // Only worlds that spin (handsOff: btl_self_spin > 0, no more ranks than
-// processors) post jobs; in others nobody polls while it waits.
+// processors) post jobs; in others nobody polls while it waits. A rank
+// that polls once (Test, Iprobe) while a job is posted takes chunks too,
+// alongside the asker, until none is left to take: unlike sm's owner,
+// which helps only once it measures itself idle, such a call can return
+// up to about half the copy's time later.
 
 // copyJob is one shared copy.
 type copyJob struct {
