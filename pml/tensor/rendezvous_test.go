@@ -512,3 +512,49 @@ func TestIndexWrap(t *testing.T) {
 		}
 	})
 }
+
+// TestSendFromCallback: a RecvAsync callback that sends a large tensor
+// (whose Send polls the transports, here from within the handler that
+// runs the callback) relays it; the bytes come back whole, and nothing
+// waits forever.
+func TestSendFromCallback(t *testing.T) {
+	const size, steps = 64 << 10, 4
+	run(t, 2, nil, func(w *mpi.Comm, rv *tensor.Rendezvous) error {
+		ctx := deadline(t)
+		if w.Rank() == 1 {
+			errs := make(chan error, steps)
+			for step := int64(0); step < steps; step++ {
+				rv.RecvAsync(step, "out", 0, func(got tensor.Tensor, err error) {
+					if err == nil {
+						err = rv.Send(step, "back", got)
+					}
+					errs <- err
+				})
+			}
+			for i := 0; i < steps; i++ {
+				select {
+				case err := <-errs:
+					if err != nil {
+						return err
+					}
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		}
+		for step := int64(0); step < steps; step++ {
+			if err := rv.Send(step, "out", tensor.Tensor{DType: tensor.Uint8, Shape: []int64{size}, Data: seq(size, byte(step))}); err != nil {
+				return err
+			}
+			got, err := rv.Recv(ctx, step, "back", 1)
+			if err != nil {
+				return err
+			}
+			if string(got.Data) != string(seq(size, byte(step))) {
+				return fmt.Errorf("step %d: content differs", step)
+			}
+		}
+		return nil
+	})
+}
