@@ -53,6 +53,7 @@ type config struct {
 	label      string
 	inprocess  bool // two goroutine ranks: latency prints a channel's and copy()'s figures beside gompi's
 	out        io.Writer
+	batchLog   io.Writer // rank 0: every measured batch's figure, in order (--batch-log); nil: none
 }
 
 func main() {
@@ -80,6 +81,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	inproc := fs.Bool("inprocess", false, "run two goroutine ranks over the self transport instead of under gorun")
 	cpuprof := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE.rank<N> (N = GOMPI_RANK, 0 outside gorun)")
 	memprof := fs.String("memprofile", "", "write an allocation profile (every allocation sampled) to FILE.rank<N>")
+	batchLog := fs.String("batch-log", "", "rank 0 writes every measured batch's figure to FILE, one \"size batch value\" line each, in the order measured (how a figure moves during a run)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: gompi-bench latency|bw|bibw|rate|idle|tensor [flags]   (under gorun -np 2, or with --inprocess)")
 		fs.PrintDefaults()
@@ -146,6 +148,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if r := os.Getenv("GOMPI_RANK"); *batchLog != "" && (r == "" || r == "0") { // under gorun, rank 0's process only
+		f, err := os.Create(*batchLog)
+		if err != nil {
+			fmt.Fprintf(stderr, "gompi-bench: --batch-log: %v\n", err)
+			return 2
+		}
+		defer f.Close()
+		cfg.batchLog = f
 	}
 	if *memprof != "" {
 		runtime.MemProfileRate = 1
@@ -310,6 +321,11 @@ func measure(w *mpi.Comm, cfg *config, size int) (float64, error) {
 			return 0, err
 		}
 		vals[i] = v
+	}
+	if cfg.batchLog != nil && w.Rank() == 0 {
+		for i, v := range vals {
+			fmt.Fprintf(cfg.batchLog, "%d %d %.4f\n", size, i, v)
+		}
 	}
 	sort.Float64s(vals)
 	return vals[len(vals)/2], nil
