@@ -1,11 +1,103 @@
 package tensor
 
 import (
+	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/gompi-org/gompi/btl"
 	"github.com/gompi-org/gompi/internal/mpierr"
 )
+
+// Recv receives the tensor that rank src sends under (step, name). It
+// returns when the tensor is here, the request failed, or ctx ended
+// (ctx.Err(); the request is then withdrawn: nothing is written into
+// memory of this rank's after the sender acknowledges, and the tensor
+// stays at the sender for a later Recv). The returned tensor's slices
+// belong to the caller; Recycle gives Data back for reuse.
+func (r *Rendezvous) Recv(ctx context.Context, step int64, name string, src int) (Tensor, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if err := ctx.Err(); err != nil {
+		return Tensor{}, err
+	}
+	w := &recvWaiter{wake: make(chan struct{}, 1)}
+	rq, size, err := r.start(step, name, src, nil, w)
+	if err != nil {
+		return Tensor{}, err
+	}
+	// This goroutine polls the transports for the answer (and handles
+	// whatever control messages they bring), as a plain Recv does.
+	e := r.pc.Engine()
+	wctx := ctx
+	if ctx.Done() == nil {
+		wctx = nil // never ends: no watch needed
+	}
+	if err := e.Await(wctx, size, w.ready, w.wake); err != nil {
+		if r.cancel(rq) {
+			return Tensor{}, err
+		}
+		e.Await(nil, size, w.ready, w.wake) // the outcome came first: it is being told
+	}
+	return w.res.t, w.res.err
+}
+
+// recvWaiter is where a Recv's outcome goes: res, then done, then a token
+// on wake.
+type recvWaiter struct {
+	res  result
+	done atomic.Bool
+	wake chan struct{}
+}
+
+func (w *recvWaiter) ready() bool { return w.done.Load() }
+
+func (w *recvWaiter) tell(t Tensor, err error) {
+	w.res = result{t, err}
+	w.done.Store(true)
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// RecvAsync is Recv without waiting: done is called once with the tensor
+// or the error. It may be called before RecvAsync returns (an argument
+// error, a closed rendezvous); otherwise it runs where the answer is
+// handled: on a goroutine that polls the transports (the rendezvous's
+// progress goroutine, which polls while RecvAsyncs are pending, any MPI
+// call of this process waiting meanwhile, or a Send of a large tensor) or
+// on the goroutine of an in-process peer. So done must be short and must not block: it must not
+// call Recv, Close or blocking MPI operations (RecvAsync, Send and
+// Recycle are fine). Requests are batched (WithBatching).
+func (r *Rendezvous) RecvAsync(step int64, name string, src int, done func(Tensor, error)) {
+	if done == nil {
+		done = func(Tensor, error) {}
+	}
+	if _, _, err := r.start(step, name, src, done, nil); err != nil {
+		done(Tensor{}, err)
+	}
+}
+
+// Recycle gives the Data of a tensor returned by Recv back to the
+// rendezvous, which hands it to a later Recv of the same size instead of
+// allocating (and zeroing) a new buffer. The caller must not use t.Data
+// afterwards. Other slices are ignored.
+func (r *Rendezvous) Recycle(t Tensor) {
+	if len(t.Data) == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.pool.put(t.Data)
+	r.mu.Unlock()
+}
+
+// result is a receive's outcome, for Recv's channel.
+type result struct {
+	t   Tensor
+	err error
+}
 
 // recvReq is a receive in progress on the receiving rank, keyed by its
 // request index. Guarded by Rendezvous.mu.
