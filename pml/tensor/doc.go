@@ -39,6 +39,18 @@
 // fails the receives that wait for it with mpi.ErrProcFailed.
 // docs/tensor.md has the message encodings and the sequence diagrams.
 //
+// Where the code is: rendezvous.go has the Rendezvous type and its
+// lifecycle (New, Abort, Close), options.go the options, stats.go the
+// counters; send.go has Send and the sender's table, serve.go the
+// sender's answers to requests and its writes; recv.go has Recv,
+// RecvAsync and the start of a receive, recv_batch.go the batching of
+// requests and the progress goroutine, recv_answers.go the receiver's
+// handling of the sender's answers, recv_pull.go the receiver's reads;
+// failure.go fails what a dead or closed peer leaves; outbox.go runs
+// what a handler decided, buffers.go pools recycled destinations and
+// registered proxies; tensor.go has the Tensor type; wire.go carries
+// control messages as fragments, msg*.go encode them.
+//
 // A typical training step:
 //
 //	rv, _ := tensor.New(world)
