@@ -213,7 +213,7 @@ func (e *Engine) Await(ctx context.Context, size int, done func() bool, wake cha
 		if done() {
 			return nil
 		}
-	} else if e.spinWait(done, max(size, 0), false) {
+	} else if e.spinWait(nil, done, max(size, 0), false) {
 		return nil
 	}
 	if e.inbox != nil {

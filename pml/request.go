@@ -222,7 +222,7 @@ func (e *Engine) wait(ctx context.Context, r *Request, bulk bool) error {
 		return nil
 	}
 	size := r.waitSize()
-	if e.spinWait(func() bool { return r.Done() }, size, bulk && size <= bulkMax) {
+	if e.spinWait(r, nil, size, bulk && size <= bulkMax) {
 		return nil
 	}
 	// Every Wait on r shares r.own (made with r), so goroutines waiting on
@@ -322,7 +322,7 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 			}
 		}
 	}
-	e.spinWait(func() bool { found = find(); return found >= 0 }, size, false)
+	e.spinWait(nil, func() bool { found = find(); return found >= 0 }, size, false)
 	if found >= 0 {
 		return found
 	}
@@ -363,8 +363,8 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 	}
 }
 
-// spinWait checks cond while spinning for the configured time; true if it
-// held. With polled transports it polls them between checks and counts
+// spinWait checks whether r is done (without r: cond) while spinning for
+// the configured time; true if it was. With polled transports it polls them between checks and counts
 // itself in pollers.spinners while it does, so the background poller
 // stays asleep instead of competing for the transport and the processor.
 // In-process ranks with a spinner spin in spinInbox, as size (the largest
@@ -378,29 +378,26 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 // core away from the peer this rank is waiting for; a goroutine of this
 // process that must run still gets a turn (the spin is bounded anyway,
 // and the scheduler preempts after 10 ms).
-func (e *Engine) spinWait(cond func() bool, size int, bulk bool) bool {
+func (e *Engine) spinWait(r *Request, cond func() bool, size int, bulk bool) bool {
 	if e.spin <= 0 || !e.poll.active() {
 		if e.inbox != nil {
-			return e.spinInbox(cond, size)
+			return e.spinInbox(r, cond, size)
 		}
 		// Without polled transports (in-process ranks) nothing can be
 		// found by spinning: the peer's goroutine completes the request,
 		// and parking hands it this processor (a channel wake-up), which
 		// measured faster than spinning against it.
 		e.poll.progress()
-		return cond()
+		return over(r, cond)
 	}
 	const yieldMask = 4095
 	counted := false // in spinners: only once the wait is not over at once
 	held := false    // the first transport's poll lock, kept across polls (btl.HeldPoller)
-	defer func() {
-		if held {
-			e.poll.held.EndPoll()
-		}
-		if counted {
-			e.poll.spinners.Add(-1)
-		}
-	}()
+	// The returns release what the loop holds themselves, with no
+	// deferred closure, and a request's completion is tested in place,
+	// with no closure call: the return after a completion is the critical
+	// path of a ping-pong (bench/instr.sh). A panic out of a handler
+	// leaves the poll lock held; the process is then going down anyway.
 	var start time.Time
 	for i := 1; ; i++ {
 		var n int
@@ -409,7 +406,10 @@ func (e *Engine) spinWait(cond func() bool, size int, bulk bool) bool {
 		} else {
 			n = e.poll.progress()
 		}
-		if cond() {
+		if over(r, cond) {
+			if held || counted {
+				e.poll.endSpin(held, counted)
+			}
 			return true
 		}
 		if bulk && n == 0 {
@@ -425,12 +425,33 @@ func (e *Engine) spinWait(cond func() bool, size int, bulk bool) bool {
 				e.poll.spinners.Add(1)
 				counted = true
 			} else if time.Since(start) > e.spin {
+				e.poll.endSpin(held, counted)
 				return false
 			}
 			if i&yieldMask == 0 {
 				runtime.Gosched()
 			}
 		}
+	}
+}
+
+// over reports whether a spinning wait is over: r done, or, without r,
+// cond true.
+func over(r *Request, cond func() bool) bool {
+	if r != nil {
+		return r.Done()
+	}
+	return cond()
+}
+
+// endSpin ends spinWait's loop: it releases the poll lock when held and
+// takes the waiter out of the spinners when counted.
+func (ps *pollers) endSpin(held, counted bool) {
+	if held {
+		ps.held.EndPoll()
+	}
+	if counted {
+		ps.spinners.Add(-1)
 	}
 }
 
@@ -445,12 +466,12 @@ func (e *Engine) spinWait(cond func() bool, size int, bulk bool) bool {
 // for all of pml_wait_spin over it stalled the 4 MiB in-process benchmark
 // until another processor took it (rdma_get 88-94 -> 153-191 us per
 // message without that first yield).
-func (e *Engine) spinInbox(cond func() bool, size int) bool {
+func (e *Engine) spinInbox(r *Request, cond func() bool, size int) bool {
 	s := e.inbox
 	budget := s.SpinFor(size)
 	if budget == 0 {
 		e.Progress()
-		return cond()
+		return over(r, cond)
 	}
 	budget += e.spin
 	const yieldMask = 4095
@@ -458,7 +479,7 @@ func (e *Engine) spinInbox(cond func() bool, size int) bool {
 	for i := 1; ; i++ {
 		s.Poll()
 		e.poll.runDeferred()
-		if cond() {
+		if over(r, cond) {
 			return true
 		}
 		if i&255 == 0 {
