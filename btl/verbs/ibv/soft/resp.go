@@ -46,6 +46,11 @@ type readResp struct {
 	buf    []byte
 	atomic bool
 	orig   uint64
+	// dup marks responses queued again for a duplicate request whose
+	// original had been answered in full: they repeat an old READ or
+	// atomic and hold none of the max_dest_rd_atomic resources that new
+	// requests are counted against.
+	dup bool
 }
 
 // atomicResult remembers an executed atomic, to answer a duplicate with
@@ -298,13 +303,30 @@ func (q *qp) remoteMem(rkey uint32, va uint64, n uint32, need ibv.Access) ([]byt
 
 func (q *qp) maxReads() int { return int(q.attr.MaxDestRdAtomic) }
 
+// readsHeld is how many queued responses answer new READ and atomic
+// requests (not repeats for duplicates): what max_dest_rd_atomic bounds.
+// A requester keeps at most max_rd_atomic of them outstanding, but a
+// duplicate it sent after a go-back can come when the original's
+// responses are all out, and the repeat then stays queued beside the new
+// requests that follow it.
+func (q *qp) readsHeld() (held, dups int) {
+	for i := range q.r.reads {
+		if q.r.reads[i].dup {
+			dups++
+		} else {
+			held++
+		}
+	}
+	return held, dups
+}
+
 func (q *qp) execRead(p *packet) {
 	r := &q.r
 	if p.reth.dmaLen > 1<<31 {
 		q.respFatal(nakInvReq, 0)
 		return
 	}
-	if len(r.reads) >= q.maxReads() {
+	if held, _ := q.readsHeld(); held >= q.maxReads() {
 		q.respFatal(nakInvReq, 0)
 		return
 	}
@@ -330,7 +352,7 @@ func readPkts(n, mtu int) uint32 {
 
 func (q *qp) execAtomic(p *packet) {
 	r := &q.r
-	if len(r.reads) >= q.maxReads() {
+	if held, _ := q.readsHeld(); held >= q.maxReads() {
 		q.respFatal(nakInvReq, 0)
 		return
 	}
@@ -399,13 +421,15 @@ func (q *qp) replaceResponse(rr readResp) {
 	for i := range r.reads {
 		x := &r.reads[i]
 		if psnDiff(rr.psn, x.psn) >= 0 && psnDiff(rr.psn, x.psn+x.npkts) < 0 {
+			rr.dup = x.dup // the same request as the one it replaces
 			*x = rr
 			return
 		}
 	}
-	if len(r.reads) >= max(q.maxReads(), 1)+1 {
+	if _, dups := q.readsHeld(); dups >= max(q.maxReads(), 1) {
 		return // the requester retries later
 	}
+	rr.dup = true
 	i := len(r.reads)
 	for i > 0 && psnDiff(r.reads[i-1].psn, rr.psn) > 0 {
 		i--
