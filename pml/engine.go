@@ -20,11 +20,11 @@ package pml
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gompi-org/gompi/btl"
-	"github.com/gompi-org/gompi/internal/atom"
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/internal/params"
 	"github.com/gompi-org/gompi/pml/hdr"
@@ -81,7 +81,7 @@ func newPeer(world int, ep btl.Endpoint) *peer {
 
 // Engine is one process instance's PML.
 type Engine struct {
-	mu       atom.Mutex
+	mu       sync.Mutex
 	rank     int
 	size     int
 	peers    []atomic.Pointer[peer] // by world rank; replaced only under mu

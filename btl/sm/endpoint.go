@@ -9,7 +9,6 @@ import (
 	"sync"
 
 	"github.com/gompi-org/gompi/btl"
-	"github.com/gompi-org/gompi/internal/atom"
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/internal/sys"
 )
@@ -22,7 +21,7 @@ type endpoint struct {
 	m *Module
 	p *peer
 
-	mu        atom.Mutex
+	mu        sync.Mutex
 	err       error         // guarded by mu: terminal (closed, peer failed)
 	tx        *txBox        // guarded by mu: own fast box to the peer
 	announced bool          // guarded by mu: the peer was told about tx; all sends use it

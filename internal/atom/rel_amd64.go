@@ -9,11 +9,6 @@ import "sync/atomic"
 //go:noescape
 func StoreRel64(p *atomic.Uint64, v uint64)
 
-// StoreRel32 stores v into *p with release order (see the package doc).
-//
-//go:noescape
-func StoreRel32(p *atomic.Uint32, v uint32)
-
 // PrefetchW asks for the cache line at p in the exclusive state, to be
 // written soon (a hint: it never faults and does not wait).
 //

@@ -9,13 +9,6 @@ TEXT ·StoreRel64(SB), NOSPLIT, $0-16
 	MOVQ BX, (AX)
 	RET
 
-// func StoreRel32(p *atomic.Uint32, v uint32)
-TEXT ·StoreRel32(SB), NOSPLIT, $0-12
-	MOVQ p+0(FP), AX
-	MOVL v+8(FP), BX
-	MOVL BX, (AX)
-	RET
-
 // func PrefetchW(p *byte)
 TEXT ·PrefetchW(SB), NOSPLIT, $0-8
 	MOVQ p+0(FP), AX

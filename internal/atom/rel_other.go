@@ -7,9 +7,6 @@ import "sync/atomic"
 // StoreRel64 stores v into *p with (at least) release order.
 func StoreRel64(p *atomic.Uint64, v uint64) { p.Store(v) }
 
-// StoreRel32 stores v into *p with (at least) release order.
-func StoreRel32(p *atomic.Uint32, v uint32) { p.Store(v) }
-
 // PrefetchW is a no-op here.
 func PrefetchW(p *byte) {}
 
