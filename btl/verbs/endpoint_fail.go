@@ -97,6 +97,16 @@ func (e *endpoint) failLocked(err error) {
 		e.probe.Stop()
 		e.probe = nil
 	}
+	e.failPendingLocked(err)
+	if wasLive {
+		e.qp.Modify(&ibv.QPAttr{State: ibv.QPSErr}, ibv.AttrState)
+	}
+	e.doneSeqLocked(e.doneSeq)
+}
+
+// failPendingLocked completes every queued operation with err and gives
+// back its staging buffer and registration.
+func (e *endpoint) failPendingLocked(err error) {
 	for _, op := range e.pending {
 		e.completeLocked(op.cb, err)
 		if op.abuf != nil {
@@ -107,10 +117,6 @@ func (e *endpoint) failLocked(err error) {
 		}
 	}
 	e.pending = nil
-	if wasLive {
-		e.qp.Modify(&ibv.QPAttr{State: ibv.QPSErr}, ibv.AttrState)
-	}
-	e.doneSeqLocked(e.doneSeq)
 }
 
 // sendClose fails the queued operations with ErrClosed and sends the
@@ -123,16 +129,7 @@ func (e *endpoint) sendClose() bool {
 		return false
 	}
 	err := e.m.errClosed()
-	for _, op := range e.pending {
-		e.completeLocked(op.cb, err)
-		if op.abuf != nil {
-			e.m.recycle(op.abuf)
-		}
-		if op.reg != nil {
-			e.m.cache.put(op.reg)
-		}
-	}
-	e.pending = nil
+	e.failPendingLocked(err)
 	e.opSeq++
 	e.closeSeq = e.opSeq
 	if !e.postMsgLocked(frameClose, 0, nil, nil, nil, nil, e.closeSeq) && e.state == epConnected {

@@ -140,18 +140,28 @@ func (r *Rendezvous) readyLocked(rs *resp, out *outbox) {
 	if rs.pre != nil && rs.preMod == mod {
 		reg, rs.pre, rs.preMod = rs.pre, nil, nil
 	}
-	if x := r.spare[rs.peer]; x.reg != nil {
-		if reg == nil && x.covers(mod, content) {
-			reg = x.reg
-		} else {
-			out.releases = append(out.releases, x) // not this memory: the next content will not be either
-		}
-		r.spare[rs.peer] = exposure{}
-	}
+	reg = r.takeSpareLocked(rs.peer, reg, mod, content, out)
 	if reg != nil {
 		rs.ready = reg
 		r.exposed[respKey{rs.peer, rs.idx}] = exposure{reg, mod, content}
 	}
+}
+
+// takeSpareLocked ends peer's spare registration (releaseLocked) at a
+// write to peer: it returns reg when reg is not nil, else the spare when
+// it covers content on mod, else nil; a spare it does not return goes to
+// out's releases (not this memory: the next content will not be either).
+func (r *Rendezvous) takeSpareLocked(peer int, reg btl.Registration, mod btl.Module, content []byte, out *outbox) btl.Registration {
+	x := r.spare[peer]
+	if x.reg == nil {
+		return reg
+	}
+	r.spare[peer] = exposure{}
+	if reg == nil && x.covers(mod, content) {
+		return x.reg
+	}
+	out.releases = append(out.releases, x)
+	return reg
 }
 
 // releaseLocked takes the registrations of contents peer has read; out
@@ -312,14 +322,7 @@ func (r *Rendezvous) writeOne(rs *resp, o *outbox) (ne notifyEntry, now bool) {
 			reg = nil
 		}
 		r.mu.Lock()
-		if x := r.spare[rs.peer]; x.reg != nil {
-			if reg == nil && x.covers(mod, content) {
-				reg = x.reg
-			} else {
-				o.releases = append(o.releases, x) // not this memory: the next content will not be either
-			}
-			r.spare[rs.peer] = exposure{}
-		}
+		reg = r.takeSpareLocked(rs.peer, reg, mod, content, o)
 		r.mu.Unlock()
 		if reg == nil {
 			reg, err = mod.Register(content, btl.AccessRemoteRead)
