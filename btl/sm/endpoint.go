@@ -122,9 +122,9 @@ func (e *endpoint) SendImmediate(tag btl.Tag, hdr, data []byte) error {
 // (btl.HeaderSender).
 func (e *endpoint) SendImmediateHeader(tag btl.Tag, h0, h1 uint64, data []byte) error {
 	// The common case in place: the fast box in use, nothing queued, and
-	// the entry within the ring's current line (a small message; a
+	// the entry within two of the ring's lines (a small message; a
 	// larger one goes the general way at once).
-	if entryHdr+16+len(data) <= line {
+	if entryHdr+16+len(data) <= 2*line {
 		e.mu.Lock()
 		if e.announced && len(e.pending) == 0 && e.usable() == nil && e.tx.putWords(uint8(tag), h0, h1, data) {
 			e.sentN++
