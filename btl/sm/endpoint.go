@@ -122,11 +122,22 @@ func (e *endpoint) SendImmediate(tag btl.Tag, hdr, data []byte) error {
 // (btl.HeaderSender).
 func (e *endpoint) SendImmediateHeader(tag btl.Tag, h0, h1 uint64, data []byte) error {
 	// The common case in place: the fast box in use, nothing queued, and
-	// the entry within two of the ring's lines (a small message; a
-	// larger one goes the general way at once).
-	if entryHdr+16+len(data) <= 2*line {
+	// the entry within the ring's current line, or a longer one within
+	// the box's inline limit (a larger message goes the general way at
+	// once).
+	if entryHdr+16+len(data) <= line {
 		e.mu.Lock()
 		if e.announced && len(e.pending) == 0 && e.usable() == nil && e.tx.putWords(uint8(tag), h0, h1, data) {
+			e.sentN++
+			e.sentB += int64(16 + len(data))
+			e.mu.Unlock()
+			e.p.wake()
+			return nil
+		}
+		e.mu.Unlock()
+	} else if 16+len(data) <= e.m.lay.inlineLimit {
+		e.mu.Lock()
+		if e.announced && len(e.pending) == 0 && e.usable() == nil && e.tx.putWordsLong(uint8(tag), h0, h1, data) {
 			e.sentN++
 			e.sentB += int64(16 + len(data))
 			e.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -143,42 +144,48 @@ func TestFastBoxOrderAcrossThreshold(t *testing.T) {
 }
 
 // A header given as two words (SendImmediateHeader) arrives as the 16
-// bytes they encode, in front of payloads of every length, so at every
-// place an inline entry can cross a cache line, through a ring that wraps.
+// bytes they encode, in front of payloads of every length up to past the
+// box's inline limit, so at every place an inline entry can cross a cache
+// line, through a ring that wraps.
 func TestSendImmediateHeaderWords(t *testing.T) {
-	ranks := openJob(t, btltest.NewStore(), 2, [2]string{paramFboxThreshold, "1"}, [2]string{paramFboxSize, "512"})
-	in := newInbox(ranks[1].env.Dispatch, tagData)
-	ranks[1].startPoller()
-	ep, err := ranks[0].m.AddProc(1)
-	require.NoError(t, err)
-	hs, ok := ep.(btl.HeaderSender)
-	require.True(t, ok)
-	words := func(seq, size int) (uint64, uint64) {
-		return uint64(seq) | uint64(size)<<32, ^uint64(seq) * 0x9e3779b97f4a7c15
-	}
-	const count = 400
-	for seq := range count {
-		size := seq % 150
-		w0, w1 := words(seq, size)
-		for {
-			err := hs.SendImmediateHeader(tagData, w0, w1, fill(0, seq, size))
-			if err == nil {
-				break
+	for _, box := range []int{512, 4096} {
+		t.Run(fmt.Sprintf("box=%d", box), func(t *testing.T) {
+			ranks := openJob(t, btltest.NewStore(), 2, [2]string{paramFboxThreshold, "1"}, [2]string{paramFboxSize, strconv.Itoa(box)})
+			in := newInbox(ranks[1].env.Dispatch, tagData)
+			ranks[1].startPoller()
+			ep, err := ranks[0].m.AddProc(1)
+			require.NoError(t, err)
+			hs, ok := ep.(btl.HeaderSender)
+			require.True(t, ok)
+			words := func(seq, size int) (uint64, uint64) {
+				return uint64(seq) | uint64(size)<<32, ^uint64(seq) * 0x9e3779b97f4a7c15
 			}
-			require.ErrorIs(t, err, btl.ErrWouldBlock)
-			ranks[0].m.Progress()
-		}
-	}
-	in.waitFor(t, ranks[0].m, true, 30*time.Second, "all fragments", func(n, _ int) bool { return n == count })
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	for seq, f := range in.frags {
-		size := seq % 150
-		w0, w1 := words(seq, size)
-		require.Len(t, f.hdr, 16, "seq %d", seq)
-		require.Equal(t, w0, binary.LittleEndian.Uint64(f.hdr), "seq %d: first header word", seq)
-		require.Equal(t, w1, binary.LittleEndian.Uint64(f.hdr[8:]), "seq %d: second header word", seq)
-		require.True(t, bytes.Equal(fill(0, seq, size), f.data), "seq %d: payload", seq)
+			span := box/4 + 30 // payloads to past the inline limit (box/4 - 8 - 16)
+			count := 3 * span
+			for seq := range count {
+				size := seq % span
+				w0, w1 := words(seq, size)
+				for {
+					err := hs.SendImmediateHeader(tagData, w0, w1, fill(0, seq, size))
+					if err == nil {
+						break
+					}
+					require.ErrorIs(t, err, btl.ErrWouldBlock)
+					ranks[0].m.Progress()
+				}
+			}
+			in.waitFor(t, ranks[0].m, true, 30*time.Second, "all fragments", func(n, _ int) bool { return n == count })
+			in.mu.Lock()
+			defer in.mu.Unlock()
+			for seq, f := range in.frags {
+				size := seq % span
+				w0, w1 := words(seq, size)
+				require.Len(t, f.hdr, 16, "seq %d", seq)
+				require.Equal(t, w0, binary.LittleEndian.Uint64(f.hdr), "seq %d: first header word", seq)
+				require.Equal(t, w1, binary.LittleEndian.Uint64(f.hdr[8:]), "seq %d: second header word", seq)
+				require.True(t, bytes.Equal(fill(0, seq, size), f.data), "seq %d: payload", seq)
+			}
+		})
 	}
 }
 
