@@ -489,7 +489,7 @@ func (e *Engine) spinInbox(r *Request, cond func() bool, size int) bool {
 				return false
 			}
 			if i == 256 || i&yieldMask == 0 {
-				runtime.Gosched()
+				yieldSeparating()
 			}
 		}
 	}
