@@ -92,7 +92,7 @@ func (r *Rendezvous) Send(step int64, name string, t Tensor) error {
 	r.mu.Unlock()
 	r.run(&out)
 	if puller >= 0 {
-		r.expose(k, s, puller)
+		r.expose(k, s, content, puller)
 	}
 	if tabled && len(content) >= pollMin {
 		// A request for it may be on its way, or here but not handled
@@ -133,14 +133,15 @@ func (r *Rendezvous) exposedToLocked(p int, mem []byte) bool {
 // consumer asks, as in a loop of steps), so the registration leaves the
 // path from the request to the content. A request that takes s before
 // the registration is in place registers for itself, and this one is
-// released.
-func (r *Rendezvous) expose(k key, s *sent, p int) {
+// released. content is s's content as Send tabled it: s.content itself is
+// r.mu's (a request with stale meta-data replaces it with a copy).
+func (r *Rendezvous) expose(k key, s *sent, content []byte, p int) {
 	ep := r.endpoint(p)
-	if !r.canPull(ep, uint64(len(s.content))) {
+	if !r.canPull(ep, uint64(len(content))) {
 		return
 	}
 	mod := ep.Module()
-	reg, err := mod.Register(s.content, btl.AccessRemoteRead)
+	reg, err := mod.Register(content, btl.AccessRemoteRead)
 	if err != nil {
 		return
 	}
