@@ -69,9 +69,30 @@ type message interface {
 }
 
 // encode returns m's bytes: version, kind, body.
-func encode(m message) []byte {
-	b := make([]byte, 2, 128)
-	b[0], b[1] = wireVersion, byte(m.kind())
+func encode(m message) []byte { return encodeTo(make([]byte, 0, 128), m) }
+
+// recycle gives a single-entry message from newNotifyMsg or newRequestMsg
+// back for reuse; the caller has sent or handled it and nothing refers
+// to it any more. Others are left to the collector. (few, in outbox.go,
+// says what an allocation costs on the path of a Recv.)
+func recycle(m message) {
+	switch m := m.(type) {
+	case *notifyMsg:
+		if o := m.one; o != nil {
+			*o = notifyOne{}
+			notifyOnes.Put(o)
+		}
+	case *requestMsg:
+		if o := m.one; o != nil {
+			*o = requestOne{}
+			requestOnes.Put(o)
+		}
+	}
+}
+
+// encodeTo appends m's bytes to b.
+func encodeTo(b []byte, m message) []byte {
+	b = append(b, wireVersion, byte(m.kind()))
 	return m.appendBody(b)
 }
 

@@ -1,6 +1,9 @@
 package tensor
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"sync"
+)
 
 // NOTIFY (sender -> receiver) says that the content of a request is in
 // place: the notification of a put, where RDMA's WRITE_WITH_IMM would
@@ -21,7 +24,17 @@ import "encoding/binary"
 //	  [str handle]    (via = 4: the content's registration)
 type notifyMsg struct {
 	entries []notifyEntry
+	one     *notifyOne // the allocation of a single-entry message, for recycle
 }
+
+// notifyOne is a single-entry NOTIFY in one allocation, from notifyOnes.
+type notifyOne struct {
+	m      notifyMsg
+	e      [1]notifyEntry
+	handle [32]byte // room for the entry's handle (transports' are 16-32 bytes)
+}
+
+var notifyOnes = sync.Pool{New: func() any { return new(notifyOne) }}
 
 type via uint8
 
@@ -44,14 +57,12 @@ type notifyEntry struct {
 
 // newNotifyMsg returns a message with room for n entries; a single one
 // (the answer to one request, the steady state) shares the message's
-// allocation.
+// allocation, which recycle gives back once the message is sent or
+// handled.
 func newNotifyMsg(n int) *notifyMsg {
 	if n == 1 {
-		one := &struct {
-			m notifyMsg
-			e [1]notifyEntry
-		}{}
-		one.m.entries = one.e[:0:1]
+		one := notifyOnes.Get().(*notifyOne)
+		one.m.entries, one.m.one = one.e[:0:1], one
 		return &one.m
 	}
 	return &notifyMsg{entries: make([]notifyEntry, 0, n)}

@@ -1,6 +1,9 @@
 package tensor
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"sync"
+)
 
 // TENSOR_REQUEST and TENSOR_RE_REQUEST (receiver -> sender) carry one or
 // more requests, so that the receiver can batch the requests of a step:
@@ -29,6 +32,7 @@ type requestMsg struct {
 	re       bool
 	entries  []reqEntry
 	released []uint32
+	one      *requestOne // the allocation of a single-entry request to send, for recycle
 }
 
 type reqEntry struct {
@@ -58,12 +62,21 @@ type requestOne struct {
 	rel   [4]uint32
 }
 
-// newRequestMsg returns a message with room for n entries; a single one
-// shares the message's allocation.
+// newRequestMsg returns a message to send with room for n entries; a
+// single one shares the message's allocation, which recycle gives back
+// once the message is sent. (Decoded requests are not recycled: a
+// waiting request keeps its entry, whose shape is in the allocation.)
 func newRequestMsg(re bool, n int) *requestMsg {
+	if n == 1 {
+		one := requestOnes.Get().(*requestOne)
+		one.m.re, one.m.entries, one.m.one = re, one.e[:0:1], one
+		return &one.m
+	}
 	m, _ := newRequestMsgOne(re, n)
 	return m
 }
+
+var requestOnes = sync.Pool{New: func() any { return new(requestOne) }}
 
 // newRequestMsgOne is newRequestMsg that also returns, for a single entry,
 // the allocation's room for a shape and releases (nil otherwise).

@@ -3,6 +3,7 @@ package tensor
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/gompi-org/gompi/btl"
@@ -22,9 +23,10 @@ func (r *Rendezvous) Recv(ctx context.Context, step int64, name string, src int)
 	if err := ctx.Err(); err != nil {
 		return Tensor{}, err
 	}
-	w := &recvWaiter{wake: make(chan struct{}, 1)}
+	w := waiters.Get().(*recvWaiter)
 	rq, size, err := r.start(step, name, src, nil, w)
 	if err != nil {
+		putWaiter(w)
 		return Tensor{}, err
 	}
 	// This goroutine polls the transports for the answer (and handles
@@ -36,11 +38,30 @@ func (r *Rendezvous) Recv(ctx context.Context, step int64, name string, src int)
 	}
 	if err := e.Await(wctx, size, w.ready, w.wake); err != nil {
 		if r.cancel(rq) {
-			return Tensor{}, err
+			return Tensor{}, err // (w is dropped: nothing tells it now, but it is not reused)
 		}
 		e.Await(nil, size, w.ready, w.wake) // the outcome came first: it is being told
 	}
-	return w.res.t, w.res.err
+	res := w.res
+	putWaiter(w)
+	return res.t, res.err
+}
+
+// waiters recycles Recv's waiters (each with its channel): two
+// allocations a Recv fewer (few, in outbox.go, says what one costs). A
+// waiter goes back once its outcome is in (ready): the one thing its
+// teller may still do then is offer a token on wake, which a later
+// Recv's wait takes as a spurious wake-up and checks ready again.
+var waiters = sync.Pool{New: func() any { return &recvWaiter{wake: make(chan struct{}, 1)} }}
+
+func putWaiter(w *recvWaiter) {
+	w.res = result{}
+	w.done.Store(false)
+	select {
+	case <-w.wake:
+	default:
+	}
+	waiters.Put(w)
 }
 
 // recvWaiter is where a Recv's outcome goes: res, then done, then a token

@@ -52,14 +52,14 @@ func (r *Rendezvous) tellLocked(rq *recvReq, t Tensor, err error, out *outbox) {
 	rq.told = true
 	if rq.w != nil {
 		w := rq.w
-		out.tells = append(out.tells, tell{w: w, t: t, err: err})
+		out.tells.add(tell{w: w, t: t, err: err})
 		return
 	}
 	if r.async.Add(-1) == 0 {
 		r.wakePump() // nothing more to poll for
 	}
 	done := rq.done
-	out.tells = append(out.tells, tell{done: done, t: t, err: err})
+	out.tells.add(tell{done: done, t: t, err: err})
 }
 
 // finishLocked removes rq: its registration is released (a proxy goes
@@ -129,7 +129,7 @@ func (r *Rendezvous) onNotifyLocked(peer int, m *notifyMsg, out *outbox) {
 			continue
 		}
 		if e.via == viaGet && rq.pull && !rq.told {
-			out.gets = append(out.gets, pendingGet{rq, e}) // read after r.mu is released
+			out.gets.add(pendingGet{rq, e}) // read after r.mu is released
 			continue
 		}
 		if e.via == viaGet && rq.pull {

@@ -12,7 +12,15 @@ func (r *Rendezvous) requestLocked(rq *recvReq, e reqEntry, re, now bool, out *o
 	empty := len(b.req)+len(b.re) == 0
 	if !r.cfg.batching || empty && (now || r.live[rq.src] <= 1) {
 		m := newRequestMsg(re, 1)
-		m.entries, m.released = append(m.entries, e), r.takeReleasedLocked(rq.src)
+		m.entries = append(m.entries, e)
+		if rel := r.rel[rq.src]; len(rel) <= len(m.one.rel) {
+			// The usual one or few releases go in the message's own
+			// room, and the rank's list is kept for the next ones.
+			m.released = append(m.one.rel[:0], rel...)
+			r.rel[rq.src], r.relBytes[rq.src] = rel[:0], 0
+		} else {
+			m.released = r.takeReleasedLocked(rq.src)
+		}
 		out.msg(rq.src, m)
 		return
 	}

@@ -18,6 +18,7 @@ type sent struct {
 	err     error
 	pre     btl.Registration
 	preMod  btl.Module
+	shape   [4]int64 // room for m.shape
 }
 
 // unexpose gives up s's registration made ahead of its request, into out
@@ -61,8 +62,9 @@ func (r *Rendezvous) Send(step int64, name string, t Tensor) error {
 	if err := checkName(name); err != nil {
 		return fmt.Errorf("tensor: send: %w", mpierr.Errorf(mpierr.ErrArg, "%v", err))
 	}
-	m, content, terr := prepare(t)
-	s := &sent{m: m, content: content}
+	s := &sent{}
+	m, content, terr := prepareInto(t, s.shape[:0])
+	s.m, s.content = m, content
 	if terr != nil {
 		terr = fmt.Errorf("tensor %q step %d: %w", name, step, mpierr.Errorf(mpierr.ErrArg, "%v", terr))
 		s.err = terr

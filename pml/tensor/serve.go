@@ -88,7 +88,7 @@ func (r *Rendezvous) matchLocked(rs *resp, s *sent, out *outbox) {
 		rs.pre, rs.preMod = s.pre, s.preMod
 		s.pre, s.preMod = nil, nil
 		r.readyLocked(rs, out)
-		out.writes = append(out.writes, rs)
+		out.writes.add(rs)
 		return
 	}
 	s.unexpose(out) // the content is copied: the registration covers the original
@@ -118,7 +118,7 @@ func (r *Rendezvous) onReRequestLocked(rk respKey, e reqEntry, out *outbox) {
 	delete(r.resps, rk)
 	rs.listed = false
 	r.readyLocked(rs, out)
-	out.writes = append(out.writes, rs)
+	out.writes.add(rs)
 }
 
 // readyLocked exposes the content of rs for its requester to read, when
@@ -245,22 +245,25 @@ func (r *Rendezvous) returnLocked(rs *resp, out *outbox) {
 // notifications of writes that completed during the call go to each peer
 // in one NOTIFY; a put that completes later sends its own. Called without
 // r.mu.
-func (r *Rendezvous) write(rss []*resp, o *outbox) {
+func (r *Rendezvous) write(rss *few[*resp], o *outbox) {
 	type note struct {
 		peer, size int
 		m          *notifyMsg
 	}
-	if len(rss) == 1 { // one request (the steady state of Recv)
-		if ne, now := r.writeOne(rss[0], o); now {
-			m := newNotifyMsg(1)
+	if rss.len() == 1 { // one request (the steady state of Recv)
+		rs := rss.at(0)
+		m := newNotifyMsg(1)
+		if ne, now := r.writeOne(rs, o, m.one.handle[:0]); now {
 			m.entries = append(m.entries, ne)
-			r.send(rss[0].peer, m)
+			r.send(rs.peer, m)
 		}
+		recycle(m)
 		return
 	}
 	var notes []note // by peer, in the order they came (usually one)
-	for _, rs := range rss {
-		ne, now := r.writeOne(rs, o)
+	for i := range rss.len() {
+		rs := rss.at(i)
+		ne, now := r.writeOne(rs, o, nil)
 		if !now {
 			continue
 		}
@@ -287,8 +290,9 @@ func (r *Rendezvous) write(rss []*resp, o *outbox) {
 
 // writeOne starts one content's write; now reports whether its
 // notification can go at once (false: a put completes later and notifies
-// itself).
-func (r *Rendezvous) writeOne(rs *resp, o *outbox) (ne notifyEntry, now bool) {
+// itself). A registration's handle in ne is copied into hbuf's room when
+// it fits (the NOTIFY's own), else into a new slice.
+func (r *Rendezvous) writeOne(rs *resp, o *outbox, hbuf []byte) (ne notifyEntry, now bool) {
 	content := rs.s.content
 	ne.index = rs.idx
 	pre, preMod := rs.pre, rs.preMod
@@ -300,7 +304,7 @@ func (r *Rendezvous) writeOne(rs *resp, o *outbox) (ne notifyEntry, now bool) {
 		r.st.written.Add(int64(len(content)))
 	}
 	if rs.ready != nil { // exposed by the handler (readyLocked)
-		ne.via, ne.handle = viaGet, bytes.Clone(rs.ready.Handle())
+		ne.via, ne.handle = viaGet, append(hbuf, rs.ready.Handle()...)
 		rs.ready = nil
 		if pre != nil {
 			pre.Release()
@@ -329,7 +333,7 @@ func (r *Rendezvous) writeOne(rs *resp, o *outbox) (ne notifyEntry, now bool) {
 			r.st.registered.Add(1)
 		}
 		if err == nil {
-			ne.via, ne.handle = viaGet, bytes.Clone(reg.Handle())
+			ne.via, ne.handle = viaGet, append(hbuf, reg.Handle()...)
 			r.mu.Lock()
 			if r.closed || r.peerErr[rs.peer] != nil {
 				reg.Release()
@@ -427,12 +431,14 @@ func (r *Rendezvous) putDone(rs *resp, ne notifyEntry, err error) {
 	m := newNotifyMsg(1)
 	m.entries = append(m.entries, ne)
 	r.send(rs.peer, m)
+	recycle(m)
 }
 
 // meta adds a META_DATA_RESPONSE entry for peer; one message per peer
 // carries them all.
 func (o *outbox) meta(peer int, e metaEntry) {
-	for _, m := range o.msgs {
+	for i := range o.msgs.len() {
+		m := o.msgs.at(i)
 		if mm, ok := m.m.(*metaMsg); ok && m.peer == peer && len(mm.entries) < 256 {
 			mm.entries = append(mm.entries, e)
 			return

@@ -161,7 +161,12 @@ func (m meta) check() error {
 // prepare validates a tensor given to Send and returns its meta-data and
 // the bytes that travel: Data, the serialized strings, or nothing for a
 // dead tensor.
-func prepare(t Tensor) (meta, []byte, error) {
+func prepare(t Tensor) (meta, []byte, error) { return prepareInto(t, nil) }
+
+// prepareInto is prepare with the meta-data's copy of the shape appended
+// to shape (room the caller has, so that the usual short shape costs no
+// allocation).
+func prepareInto(t Tensor, shape []int64) (meta, []byte, error) {
 	m := meta{dtype: t.DType, shape: t.Shape, dead: t.IsDead}
 	if !t.DType.Valid() {
 		return m, nil, fmt.Errorf("invalid dtype %d", uint8(t.DType))
@@ -170,7 +175,7 @@ func prepare(t Tensor) (meta, []byte, error) {
 	if err != nil {
 		return m, nil, err
 	}
-	m.shape = append([]int64(nil), t.Shape...)
+	m.shape = append(shape, t.Shape...)
 	if t.IsDead {
 		return m, nil, nil
 	}

@@ -284,13 +284,16 @@ func (r *Rendezvous) assemble(peer int, h partHdr, data []byte) ([]byte, error) 
 // sendBytes sends one encoded control message to peer: in one fragment
 // when it fits the transport's, else in parts. A send that fails is the
 // end of the exchange with that peer (it failed, or the engine closed).
-func (r *Rendezvous) sendBytes(peer int, b []byte) {
+// It reports whether the transport is done with b (every fragment
+// completed within its call), so that b may be used again.
+func (r *Rendezvous) sendBytes(peer int, b []byte) (free bool) {
 	w := r.pc.World(peer)
 	e := r.pc.Engine()
 	limit := r.fragMax[peer]
 	var err error
+	free = true
 	if msgHdrLen+len(b) <= limit {
-		_, err = e.PeerSend(w, tagMessage, r.hdr, b, sendDone)
+		free, err = e.PeerSend(w, tagMessage, r.hdr, b, sendDone)
 	} else {
 		id := r.msgID.Add(1)
 		step := limit - partHdrLen
@@ -298,12 +301,16 @@ func (r *Rendezvous) sendBytes(peer int, b []byte) {
 		for off := 0; off < len(b) && err == nil; off += step {
 			end := min(off+step, len(b))
 			h := partHdr{ctx: r.ctx, id: id, last: end == len(b)}
-			_, err = e.PeerSend(w, tagPart, h.append(hdr[:0]), b[off:end], sendDone)
+			var done bool
+			done, err = e.PeerSend(w, tagPart, h.append(hdr[:0]), b[off:end], sendDone)
+			free = free && done
 		}
 	}
 	if err != nil {
 		r.sendFailed(peer, err)
+		return false
 	}
+	return free
 }
 
 // sendDone is the completion of a control send: nothing waits for it (a
@@ -323,7 +330,7 @@ func (r *Rendezvous) sendFailed(peer int, err error) {
 	} else {
 		r.peerGoneLocked(peer, fmt.Errorf("tensor: send a control message to rank %d: %w", peer, err), &out)
 	}
-	out.msgs = nil // nothing more goes to it
+	out.msgs = few[outMsg]{} // nothing more goes to it
 	r.mu.Unlock()
 	r.run(&out)
 }
@@ -344,7 +351,7 @@ func (r *Rendezvous) onFailure(w int, err error) {
 	if !r.closed {
 		r.peerGoneLocked(p, peerFailure(p, err), &out)
 	}
-	out.msgs = nil
+	out.msgs = few[outMsg]{}
 	r.mu.Unlock()
 	r.run(&out)
 }
@@ -363,7 +370,7 @@ func (r *Rendezvous) fatalLocked(err error, out *outbox) {
 	if r.aborted == nil && !r.closed {
 		r.abortLocked(fmt.Errorf("tensor: communicator failed: %w", err), out)
 	}
-	out.msgs = nil // the engine carries nothing more
+	out.msgs = few[outMsg]{} // the engine carries nothing more
 }
 
 // reject cuts peer off after a malformed fragment or message, and tells
@@ -424,6 +431,7 @@ func (r *Rendezvous) handle(peer int, b []byte) {
 	}
 	r.mu.Unlock()
 	r.run(&out)
+	recycle(m) // handled within this call: nothing keeps a NOTIFY
 }
 
 var debug = false
