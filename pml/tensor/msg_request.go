@@ -62,16 +62,12 @@ type requestOne struct {
 	rel   [4]uint32
 }
 
-// newRequestMsg returns a message to send with room for n entries; a
-// single one shares the message's allocation, which recycle gives back
-// once the message is sent. (Decoded requests are not recycled: a
-// waiting request keeps its entry, whose shape is in the allocation.)
+// newRequestMsg returns a message with room for n entries; a single one
+// shares the message's allocation, which recycle gives back once the
+// message is sent or handled. A handler that keeps an entry past its call
+// (a request waiting for its tensor) copies the entry's shape, which is
+// in the allocation.
 func newRequestMsg(re bool, n int) *requestMsg {
-	if n == 1 {
-		one := requestOnes.Get().(*requestOne)
-		one.m.re, one.m.entries, one.m.one = re, one.e[:0:1], one
-		return &one.m
-	}
 	m, _ := newRequestMsgOne(re, n)
 	return m
 }
@@ -82,8 +78,8 @@ var requestOnes = sync.Pool{New: func() any { return new(requestOne) }}
 // the allocation's room for a shape and releases (nil otherwise).
 func newRequestMsgOne(re bool, n int) (*requestMsg, *requestOne) {
 	if n == 1 {
-		one := &requestOne{}
-		one.m.re, one.m.entries = re, one.e[:0:1]
+		one := requestOnes.Get().(*requestOne)
+		one.m.re, one.m.entries, one.m.one = re, one.e[:0:1], one
 		return &one.m, one
 	}
 	return &requestMsg{re: re, entries: make([]reqEntry, 0, n)}, nil

@@ -52,11 +52,14 @@ func TestMessageRoundTrip(t *testing.T) {
 	}
 }
 
-// normal maps empty slices to nil, which the encoding does not tell apart.
+// normal maps empty slices to nil, which the encoding does not tell apart,
+// and drops the pool's link of a single-entry message (an allocation
+// detail).
 func normal(m message) message {
 	switch m := m.(type) {
 	case *requestMsg:
 		c := *m
+		c.one = nil
 		c.entries = append([]reqEntry(nil), m.entries...)
 		for i := range c.entries {
 			if len(c.entries[i].meta.shape) == 0 {
@@ -75,6 +78,7 @@ func normal(m message) message {
 		return &c
 	case *notifyMsg:
 		c := *m
+		c.one = nil
 		c.entries = append([]notifyEntry(nil), m.entries...)
 		for i := range c.entries {
 			if len(c.entries[i].inline) == 0 {

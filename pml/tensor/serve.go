@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"hash/crc32"
+	"slices"
 
 	"github.com/gompi-org/gompi/btl"
 )
@@ -60,6 +61,9 @@ func (r *Rendezvous) onRequestLocked(peer int, m *requestMsg, out *outbox) {
 		}
 		s, ok := r.table[rs.key]
 		if !ok {
+			// It waits for Send past this call: its shape must not stay
+			// in the message, which goes back to its pool (recycle).
+			rs.req.meta.shape = slices.Clone(rs.req.meta.shape)
 			r.resps[rk] = rs
 			rs.listed = true
 			r.waiting[rs.key] = append(r.waiting[rs.key], rs)

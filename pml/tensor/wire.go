@@ -431,7 +431,7 @@ func (r *Rendezvous) handle(peer int, b []byte) {
 	}
 	r.mu.Unlock()
 	r.run(&out)
-	recycle(m) // handled within this call: nothing keeps a NOTIFY
+	recycle(m) // handled within this call (a waiting request copies what it keeps)
 }
 
 var debug = false
