@@ -99,6 +99,7 @@ func (r *Rendezvous) matchLocked(rs *resp, s *sent, out *outbox) {
 	if s.m.dtype != String && len(s.content) > 0 {
 		s.content = bytes.Clone(s.content)
 	}
+	rs.req.meta.shape = slices.Clone(rs.req.meta.shape) // it stays past the message's handler (recycle)
 	r.resps[respKey{rs.peer, rs.idx}] = rs
 	rs.listed = true
 	rs.metaSent = true
