@@ -44,7 +44,25 @@ func (r *Rendezvous) Recv(ctx context.Context, step int64, name string, src int)
 	}
 	res := w.res
 	putWaiter(w)
+	r.recycleReq(rq)
 	return res.t, res.err
+}
+
+// recvReqs recycles Recv's receives (RecvAsync's are left to the
+// collector): one allocation a Recv fewer.
+var recvReqs = sync.Pool{New: func() any { return new(recvReq) }}
+
+// recycleReq gives rq back once it is told and out of the table (a
+// receive the sender still has a last word on stays there, and is left
+// to the collector).
+func (r *Rendezvous) recycleReq(rq *recvReq) {
+	r.mu.Lock()
+	done := rq.told && r.reqs[rq.idx] != rq
+	r.mu.Unlock()
+	if done {
+		*rq = recvReq{}
+		recvReqs.Put(rq)
+	}
 }
 
 // waiters recycles Recv's waiters (each with its channel): two
@@ -177,7 +195,8 @@ func (r *Rendezvous) start(step int64, name string, src int, done func(Tensor, e
 	case r.peerErr[src] != nil:
 		return nil, 0, r.peerErr[src]
 	}
-	rq = &recvReq{idx: r.slot<<slotShift | r.nextIdx, src: src, key: key{step, name}, done: done, w: w}
+	rq = recvReqs.Get().(*recvReq)
+	*rq = recvReq{idx: r.slot<<slotShift | r.nextIdx, src: src, key: key{step, name}, done: done, w: w}
 	for { // the next counter value whose index is free (it wraps; until it does, every one is)
 		r.nextIdx = (r.nextIdx + 1) & idxMask
 		if r.nextIdx == 0 {

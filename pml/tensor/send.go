@@ -62,7 +62,7 @@ func (r *Rendezvous) Send(step int64, name string, t Tensor) error {
 	if err := checkName(name); err != nil {
 		return fmt.Errorf("tensor: send: %w", mpierr.Errorf(mpierr.ErrArg, "%v", err))
 	}
-	s := &sent{}
+	s := sents.Get().(*sent)
 	m, content, terr := prepareInto(t, s.shape[:0])
 	s.m, s.content = m, content
 	if terr != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"slices"
+	"sync"
 
 	"github.com/gompi-org/gompi/btl"
 )
@@ -45,7 +46,8 @@ func (r *Rendezvous) onRequestLocked(peer int, m *requestMsg, out *outbox) {
 			r.onReRequestLocked(rk, e, out)
 			continue
 		}
-		rs := &resp{peer: peer, idx: e.index, key: key{e.step, e.name}, req: e}
+		rs := resps.Get().(*resp)
+		*rs = resp{peer: peer, idx: e.index, key: key{e.step, e.name}, req: e}
 		switch {
 		case r.aborted != nil:
 			r.answerErrorLocked(rs, classAborted, r.aborted.Error(), out)
@@ -258,11 +260,17 @@ func (r *Rendezvous) write(rss *few[*resp], o *outbox) {
 	if rss.len() == 1 { // one request (the steady state of Recv)
 		rs := rss.at(0)
 		m := newNotifyMsg(1)
-		if ne, now := r.writeOne(rs, o, m.one.handle[:0]); now {
+		ne, now := r.writeOne(rs, o, m.one.handle[:0])
+		if now {
 			m.entries = append(m.entries, ne)
 			r.send(rs.peer, m)
 		}
 		recycle(m)
+		if now && ne.via != viaPut && !rs.listed {
+			// Written and notified: nothing refers to rs or its tensor
+			// any more (a put's completion would).
+			recycleResp(rs)
+		}
 		return
 	}
 	var notes []note // by peer, in the order they came (usually one)
@@ -291,6 +299,22 @@ func (r *Rendezvous) write(rss *few[*resp], o *outbox) {
 	for _, n := range notes {
 		r.send(n.peer, n.m)
 	}
+}
+
+// resps and sents recycle the responses and sent tensors of single
+// writes (write): two allocations a tensor fewer.
+var (
+	resps = sync.Pool{New: func() any { return new(resp) }}
+	sents = sync.Pool{New: func() any { return new(sent) }}
+)
+
+func recycleResp(rs *resp) {
+	if s := rs.s; s != nil {
+		*s = sent{}
+		sents.Put(s)
+	}
+	*rs = resp{}
+	resps.Put(rs)
 }
 
 // writeOne starts one content's write; now reports whether its
