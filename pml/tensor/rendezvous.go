@@ -85,12 +85,13 @@ type Rendezvous struct {
 
 	mu sync.Mutex // guards every field below, up to st
 	// Sender side.
-	table   map[key]*sent
-	waiting map[key][]*resp      // requests that arrived before their tensor
-	resps   map[respKey]*resp    // requests waiting for their tensor or for a TENSOR_RE_REQUEST
-	exposed map[respKey]exposure // contents registered for their receiver to read, until it releases them
-	spare   []exposure           // by rank: the registration of the content it released last, kept until the next write to it (which takes it when its content is in the same memory)
-	pullers map[string]int       // tensor name -> the rank whose last request for it read the content (Send registers ahead)
+	table        map[key]*sent
+	waiting      map[key][]*resp      // requests that arrived before their tensor
+	spareWaiting []*resp              // an emptied list of waiting, for the next request that waits (no allocation)
+	resps        map[respKey]*resp    // requests waiting for their tensor or for a TENSOR_RE_REQUEST
+	exposed      map[respKey]exposure // contents registered for their receiver to read, until it releases them
+	spare        []exposure           // by rank: the registration of the content it released last, kept until the next write to it (which takes it when its content is in the same memory)
+	pullers      map[string]int       // tensor name -> the rank whose last request for it read the content (Send registers ahead)
 	// Receiver side.
 	reqs       map[uint32]*recvReq
 	live       []int // by source rank: receives in reqs

@@ -166,6 +166,8 @@ func (r *Rendezvous) offerLocked(k key, s *sent, out *outbox) bool {
 			rs := w[0]
 			if len(w) == 1 {
 				delete(r.waiting, k)
+				w[0] = nil
+				r.spareWaiting = w[:0] // for the next request that waits
 			} else {
 				r.waiting[k] = w[1:]
 			}

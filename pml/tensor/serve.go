@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"hash/crc32"
-	"slices"
 	"sync"
 
 	"github.com/gompi-org/gompi/btl"
@@ -32,7 +31,14 @@ type resp struct {
 	// ready: the content's registration for the requester to read, in
 	// exposed already (readyLocked), so that the write only sends NOTIFY.
 	ready  btl.Registration
-	listed bool // in resps
+	listed bool     // in resps
+	shape  [4]int64 // room for req.meta.shape when rs outlives the request's message
+}
+
+// keepShape moves rs.req's shape out of the request's message, which
+// goes back to its pool after the handler (recycle), into rs.
+func (rs *resp) keepShape() {
+	rs.req.meta.shape = append(rs.shape[:0:len(rs.shape)], rs.req.meta.shape...)
 }
 
 // onRequestLocked takes TENSOR_REQUEST and TENSOR_RE_REQUEST entries
@@ -65,10 +71,14 @@ func (r *Rendezvous) onRequestLocked(peer int, m *requestMsg, out *outbox) {
 		if !ok {
 			// It waits for Send past this call: its shape must not stay
 			// in the message, which goes back to its pool (recycle).
-			rs.req.meta.shape = slices.Clone(rs.req.meta.shape)
+			rs.keepShape()
 			r.resps[rk] = rs
 			rs.listed = true
-			r.waiting[rs.key] = append(r.waiting[rs.key], rs)
+			ws := r.waiting[rs.key]
+			if ws == nil {
+				ws, r.spareWaiting = r.spareWaiting, nil
+			}
+			r.waiting[rs.key] = append(ws, rs)
 			continue
 		}
 		delete(r.table, rs.key)
@@ -101,7 +111,7 @@ func (r *Rendezvous) matchLocked(rs *resp, s *sent, out *outbox) {
 	if s.m.dtype != String && len(s.content) > 0 {
 		s.content = bytes.Clone(s.content)
 	}
-	rs.req.meta.shape = slices.Clone(rs.req.meta.shape) // it stays past the message's handler (recycle)
+	rs.keepShape() // it stays past the message's handler (recycle)
 	r.resps[respKey{rs.peer, rs.idx}] = rs
 	rs.listed = true
 	rs.metaSent = true
