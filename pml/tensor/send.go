@@ -149,13 +149,21 @@ func (r *Rendezvous) expose(k key, s *sent, content []byte, p int) {
 	}
 	r.st.registered.Add(1)
 	r.mu.Lock()
-	if r.table[k] == s && s.pre == nil && !r.closed && r.aborted == nil {
+	// s may have been taken, written and recycled meanwhile, and tabled
+	// again by another Send under the same key: only the same memory
+	// takes this registration.
+	if r.table[k] == s && s.pre == nil && sameMemory(s.content, content) && !r.closed && r.aborted == nil {
 		s.pre, s.preMod, reg = reg, mod, nil
 	}
 	r.mu.Unlock()
 	if reg != nil {
 		reg.Release()
 	}
+}
+
+// sameMemory reports whether a and b are the same bytes of memory.
+func sameMemory(a, b []byte) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // offerLocked gives s to the first request waiting for k, or puts it in
