@@ -68,9 +68,6 @@ type message interface {
 	appendBody(b []byte) []byte
 }
 
-// encode returns m's bytes: version, kind, body.
-func encode(m message) []byte { return encodeTo(make([]byte, 0, 128), m) }
-
 // recycle gives a single-entry message from newNotifyMsg or newRequestMsg
 // back for reuse; the caller has sent or handled it and nothing refers
 // to it any more. Others are left to the collector. (few, in outbox.go,

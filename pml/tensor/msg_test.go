@@ -8,6 +8,10 @@ import (
 	"testing"
 )
 
+// encode returns m's bytes: version, kind, body (send encodes into a
+// recycled buffer with encodeTo).
+func encode(m message) []byte { return encodeTo(make([]byte, 0, 128), m) }
+
 // samples holds a valid instance of every message kind.
 func samples() []message {
 	m := meta{dtype: Float32, shape: []int64{2, 3}, bytes: 24}
