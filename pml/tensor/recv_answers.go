@@ -62,6 +62,17 @@ func (r *Rendezvous) tellLocked(rq *recvReq, t Tensor, err error, out *outbox) {
 	out.tells.add(tell{done: done, t: t, err: err})
 }
 
+// completeLocked ends rq with its outcome once its content is in (or
+// failed): a destination whose caller already gave up goes back to the
+// pool, rq leaves the table and its caller is told.
+func (r *Rendezvous) completeLocked(rq *recvReq, t Tensor, err error, out *outbox) {
+	if rq.told && rq.dest != nil {
+		r.pool.put(rq.dest)
+	}
+	r.finishLocked(rq)
+	r.tellLocked(rq, t, err, out)
+}
+
 // finishLocked removes rq: its registration is released (a proxy goes
 // back to the pool) and, when its caller did not get it, its destination
 // is reused.
@@ -136,11 +147,7 @@ func (r *Rendezvous) onNotifyLocked(peer int, m *notifyMsg, out *outbox) {
 			r.releasedLocked(rq.src, rq.idx, int(rq.m.bytes), out) // given up: nothing to read
 		}
 		t, err := r.contentLocked(rq, e)
-		if rq.told && rq.dest != nil {
-			r.pool.put(rq.dest)
-		}
-		r.finishLocked(rq)
-		r.tellLocked(rq, t, err, out)
+		r.completeLocked(rq, t, err, out)
 	}
 }
 

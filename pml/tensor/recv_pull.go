@@ -38,11 +38,7 @@ func (r *Rendezvous) pull(g pendingGet) {
 		} else {
 			t, err = r.contentLocked(rq, e)
 		}
-		if rq.told && rq.dest != nil {
-			r.pool.put(rq.dest)
-		}
-		r.finishLocked(rq)
-		r.tellLocked(rq, t, err, &out)
+		r.completeLocked(rq, t, err, &out)
 	}
 	r.mu.Unlock()
 	r.run(&out)

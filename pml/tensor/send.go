@@ -40,7 +40,7 @@ type exposure struct {
 
 // covers reports whether x registers exactly mem with mod.
 func (x exposure) covers(mod btl.Module, mem []byte) bool {
-	return x.mod == mod && len(x.mem) == len(mem) && len(mem) > 0 && &x.mem[0] == &mem[0]
+	return x.mod == mod && len(mem) > 0 && sameMemory(x.mem, mem)
 }
 
 // Send puts t in this rank's table under (step, name), or hands it at once

@@ -235,11 +235,7 @@ func (r *Rendezvous) onImmediate(peer int, idx, count uint32) {
 	} else {
 		t, err = r.contentLocked(rq, notifyEntry{index: idx, via: viaPut})
 	}
-	if rq.told && rq.dest != nil {
-		r.pool.put(rq.dest)
-	}
-	r.finishLocked(rq)
-	r.tellLocked(rq, t, err, &out)
+	r.completeLocked(rq, t, err, &out)
 	r.mu.Unlock()
 	r.run(&out)
 }

@@ -45,14 +45,21 @@ func (q *qp) PostSend(wrs []ibv.SendWR) (int, error) {
 	return 0, nil
 }
 
-func (q *qp) postSendLocked(wr *ibv.SendWR) error {
+// flushLocked ends a work request posted to a destroyed QP (ErrClosed)
+// or to one in the error state, which completes at once on cq with a
+// flush error. The posting paths test for those two cases themselves.
+func (q *qp) flushLocked(id uint64, cq *cq) error {
 	if q.destroyed {
 		return ibv.ErrClosed
 	}
-	if q.state == ibv.QPSErr {
-		wc := ibv.WC{ID: wr.ID, Status: ibv.WCWRFlushErr, QPNum: q.qpn}
-		q.scq.push(&wc, false)
-		return nil
+	wc := ibv.WC{ID: id, Status: ibv.WCWRFlushErr, QPNum: q.qpn}
+	cq.push(&wc, false)
+	return nil
+}
+
+func (q *qp) postSendLocked(wr *ibv.SendWR) error {
+	if q.destroyed || q.state == ibv.QPSErr {
+		return q.flushLocked(wr.ID, q.scq)
 	}
 	if q.state != ibv.QPSRTS && q.state != ibv.QPSSQD {
 		return fmt.Errorf("soft: post send on a QP in %v: %w", q.state, ibv.ErrInvalid)
@@ -161,13 +168,8 @@ func (q *qp) PostRecv(wrs []ibv.RecvWR) (int, error) {
 }
 
 func (q *qp) postRecvLocked(wr *ibv.RecvWR) error {
-	if q.destroyed {
-		return ibv.ErrClosed
-	}
-	if q.state == ibv.QPSErr {
-		wc := ibv.WC{ID: wr.ID, Status: ibv.WCWRFlushErr, QPNum: q.qpn}
-		q.rcq.push(&wc, false)
-		return nil
+	if q.destroyed || q.state == ibv.QPSErr {
+		return q.flushLocked(wr.ID, q.rcq)
 	}
 	if q.state == ibv.QPSReset {
 		return fmt.Errorf("soft: post receive on a QP in RESET: %w", ibv.ErrInvalid)
