@@ -24,13 +24,16 @@ import (
 // than beside the peer's, and each rank keeps a core of its own from then
 // on. Not always at the first nap, so a co-located pair naps again
 // napEvery later: with 500 us, no batch of 10 runs was slower than 1 us,
-// against 6 of 9 runs with phases of 1-14 batches without naps and 4 of
-// 10 runs with 2 ms between naps. A nap costs about 55 us (the kernel's
-// timer slack), so a program whose other goroutines keep the cores busy
-// pays at most about a tenth of a waiting rank's time.
+// against 5 of 9 runs with phases of 1-8 such batches without naps, and 4
+// of 10 runs with phases of up to 14 with 2 ms between naps. A nap takes
+// 65-85 us (the kernel's timer slack, not the microsecond asked for:
+// go test -run XXX -bench Nap ./pml), so a program whose other goroutines
+// keep the cores busy pays at most about a sixth of a waiting rank's
+// time.
 
 // yieldedTo is how long a yield takes when another thread or goroutine
-// runs in it; alone on its core, a goroutine is back within about 0.2 us.
+// runs in it; alone on its core, a goroutine is back in 60-70 ns
+// (go test -run XXX -bench YieldAlone ./pml).
 const yieldedTo = time.Microsecond
 
 // napEvery bounds how often a process naps (yieldSeparating).
