@@ -51,8 +51,9 @@
 // registered proxies; tensor.go has the Tensor type; wire.go carries
 // control messages as fragments, msg*.go encode them.
 //
-// The steady state's path allocates no more than a plain Recv's: what it
-// needs per tensor comes from pools and goes back when nothing refers to
+// The steady state's path allocates no more than a plain Recv's plus the
+// returned tensor's shape (TestRecvAllocations): what it needs per tensor
+// comes from pools and goes back when nothing refers to
 // it (outbox.go's few says why and what it measured; msg.go's recycle,
 // and the pools beside Recv, the responses and the sent tensors).
 //
