@@ -124,6 +124,34 @@ func bufferOf(buf any, send bool) ([]byte, pml.Convertor, error) {
 	return nil, c, nil
 }
 
+// contiguousSpan returns the memory a buffer's message occupies when that
+// is one contiguous range, nil otherwise (a non-contiguous datatype, or a
+// buffer the call that uses it will refuse).
+func contiguousSpan(buf any) []byte {
+	if b, ok := bytesOf(buf); ok {
+		return b
+	}
+	var tb TypedBuffer
+	switch b := buf.(type) {
+	case TypedBuffer:
+		tb = b
+	case *TypedBuffer:
+		if b == nil {
+			return nil
+		}
+		tb = *b
+	default:
+		return nil
+	}
+	if tb.err != nil {
+		return nil
+	}
+	if mem, ok, err := convertor.ContiguousRange(tb.mem, tb.count, tb.t); err == nil && ok {
+		return mem
+	}
+	return nil
+}
+
 // typeName is fmt's %T of v.
 func typeName(v any) string {
 	if v == nil {

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/internal/sys"
 	"github.com/gompi-org/gompi/pml"
 )
 
@@ -158,8 +159,20 @@ func (c *Comm) Recv(buf any, source, tag int) (Status, error) {
 
 // Sendrecv sends sendBuf to dest and receives into recvBuf from source,
 // concurrently (so a ring exchange cannot deadlock). The two buffers must
-// not overlap: the receive may write while the send still reads.
+// not overlap, since the receive may write while the send still reads:
+// when both are contiguous and share memory, Sendrecv returns ErrBuffer
+// and starts nothing. SendrecvReplace sends and receives in one buffer.
 func (c *Comm) Sendrecv(sendBuf any, dest, sendTag int, recvBuf any, source, recvTag int) (Status, error) {
+	if dest != ProcNull && source != ProcNull && sys.Overlap(contiguousSpan(sendBuf), contiguousSpan(recvBuf)) {
+		// The other arguments' errors come first, as without the overlap.
+		if err := c.checkSource(source, recvTag); err != nil {
+			return Status{}, err
+		}
+		if err := c.checkDest(dest, sendTag); err != nil {
+			return Status{}, err
+		}
+		return Status{}, mpierr.Errorf(mpierr.ErrBuffer, "Sendrecv: the send and receive buffers overlap (SendrecvReplace sends and receives in one buffer)")
+	}
 	rr, err := c.Irecv(recvBuf, source, recvTag)
 	if err != nil {
 		return Status{}, err
@@ -173,6 +186,30 @@ func (c *Comm) Sendrecv(sendBuf any, dest, sendTag int, recvBuf any, source, rec
 	_, serr := sr.Wait()
 	st, rerr := rr.Wait()
 	return st, errors.Join(rerr, serr)
+}
+
+// SendrecvReplace sends the content of buf to dest and receives a message
+// from source into buf (MPI_Sendrecv_replace): the message sent is buf as it
+// was at the call, packed into a copy first, so the receive may overwrite
+// buf at once. Truncation and the status are as for Recv.
+func (c *Comm) SendrecvReplace(buf any, dest, sendTag, source, recvTag int) (Status, error) {
+	if err := c.checkDest(dest, sendTag); err != nil {
+		return Status{}, err
+	}
+	mem, conv, err := bufferOf(buf, true)
+	if err != nil {
+		return Status{}, err
+	}
+	var out []byte
+	if dest != ProcNull {
+		if conv != nil {
+			out = make([]byte, conv.Size())
+			conv.Pack(out)
+		} else {
+			out = append([]byte(nil), mem...)
+		}
+	}
+	return c.Sendrecv(out, dest, sendTag, buf, source, recvTag)
 }
 
 // Isend starts a standard-mode send. buf must not be modified until the

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gompi-org/gompi/convertor"
 	"github.com/gompi-org/gompi/mpi"
+	"github.com/stretchr/testify/require"
 )
 
 // bufCase is one buffer type of the contract's Buffers list.
@@ -487,6 +488,155 @@ func TestSendrecvRing(t *testing.T) {
 			})
 		})
 	}
+}
+
+// SendrecvReplace passes a ring's values on in place, eager and
+// rendezvous, in a plain slice and in a strided datatype (the elements
+// between the strides stay as they were), and a ProcNull partner sends or
+// receives nothing.
+func TestSendrecvReplaceRing(t *testing.T) {
+	const n = 4
+	vec, err := convertor.Vector(1, 1, 2, convertor.Float64)
+	require.NoError(t, err)
+	vec, err = convertor.Resized(vec, 0, 16)
+	require.NoError(t, err)
+	vec, err = vec.Commit()
+	require.NoError(t, err)
+	for _, count := range []int{2, 700, 40000} {
+		t.Run(fmt.Sprintf("count=%d", count), func(t *testing.T) {
+			t.Parallel()
+			mustRun(t, n, func(w *mpi.Comm) error {
+				me := w.Rank()
+				right, left := (me+1)%n, (me+n-1)%n
+				val := func(rank, i int) float64 { return float64(rank*1000000 + i) }
+				buf := make([]float64, count)
+				for i := range buf {
+					buf[i] = val(me, i)
+				}
+				st, err := w.SendrecvReplace(buf, right, 3, left, 3)
+				if err != nil {
+					return err
+				}
+				if st.Source != left || st.Count != 8*count {
+					return fmt.Errorf("plain: status %+v", st)
+				}
+				for i, v := range buf {
+					if v != val(left, i) {
+						return fmt.Errorf("plain: buf[%d] = %v, want %v", i, v, val(left, i))
+					}
+				}
+				// Every other element: the even ones travel, the odd stay.
+				strided := make([]float64, 2*count)
+				for i := range strided {
+					strided[i] = val(me, i)
+				}
+				st, err = w.SendrecvReplace(mpi.Typed(strided, count, vec), right, 4, left, 4)
+				if err != nil {
+					return err
+				}
+				if st.Count != 8*count {
+					return fmt.Errorf("strided: status %+v", st)
+				}
+				for i, v := range strided {
+					want := val(me, i)
+					if i%2 == 0 {
+						want = val(left, i)
+					}
+					if v != want {
+						return fmt.Errorf("strided: element %d = %v, want %v", i, v, want)
+					}
+				}
+				// A chain: rank 0 receives nothing, the last rank sends nothing.
+				right, left = me+1, me-1
+				if right == n {
+					right = mpi.ProcNull
+				}
+				if left < 0 {
+					left = mpi.ProcNull
+				}
+				for i := range buf {
+					buf[i] = val(me, i)
+				}
+				st, err = w.SendrecvReplace(buf, right, 5, left, 5)
+				if err != nil {
+					return err
+				}
+				from := me
+				if left != mpi.ProcNull {
+					from = left
+				} else if st.Source != mpi.ProcNull || st.Count != 0 {
+					return fmt.Errorf("chain end: status %+v", st)
+				}
+				for i, v := range buf {
+					if v != val(from, i) {
+						return fmt.Errorf("chain: buf[%d] = %v, want %v", i, v, val(from, i))
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// Sendrecv refuses contiguous send and receive buffers that share memory
+// (ErrBuffer, and nothing is sent), and takes disjoint parts of one slice,
+// contiguous or strided, as a halo exchange passes them.
+func TestSendrecvOverlap(t *testing.T) {
+	col := func(n int) convertor.Datatype {
+		v, err := convertor.Vector(n, 1, n, convertor.Float64)
+		require.NoError(t, err)
+		v, err = v.Commit()
+		require.NoError(t, err)
+		return v
+	}
+	mustRun(t, 2, func(w *mpi.Comm) error {
+		peer := 1 - w.Rank()
+		x := make([]float64, 8)
+		for _, c := range []struct {
+			name       string
+			send, recv any
+		}{
+			{"same slice", x, x},
+			{"overlapping parts", x[:5], x[4:]},
+			{"typed over the same bytes", mpi.Typed(x, 4, convertor.Float64), x[3:4]},
+		} {
+			_, err := w.Sendrecv(c.send, peer, 1, c.recv, peer, 1)
+			if !errors.Is(err, mpi.ErrBuffer) {
+				return fmt.Errorf("%s: err = %v, want ErrBuffer", c.name, err)
+			}
+		}
+		if err := w.Barrier(); err != nil {
+			return err
+		}
+		if _, ok, err := w.Iprobe(mpi.AnySource, 1); err != nil || ok {
+			return fmt.Errorf("a refused Sendrecv sent a message (ok=%v, err=%v)", ok, err)
+		}
+		// Disjoint halves, then the first and last columns of a 4x4 matrix.
+		for i := range x {
+			x[i] = float64(10*w.Rank() + i)
+		}
+		if _, err := w.Sendrecv(x[:4], peer, 2, x[4:], peer, 2); err != nil {
+			return err
+		}
+		for i := 4; i < 8; i++ {
+			if want := float64(10*peer + i - 4); x[i] != want {
+				return fmt.Errorf("halves: x[%d] = %v, want %v", i, x[i], want)
+			}
+		}
+		m := make([]float64, 16)
+		for i := range m {
+			m[i] = float64(100*w.Rank() + i)
+		}
+		if _, err := w.Sendrecv(mpi.Typed(m, 1, col(4)), peer, 3, mpi.Typed(m[3:], 1, col(4)), peer, 3); err != nil {
+			return err
+		}
+		for r := range 4 {
+			if got, want := m[4*r+3], float64(100*peer+4*r); got != want {
+				return fmt.Errorf("column: m[%d] = %v, want %v", 4*r+3, got, want)
+			}
+		}
+		return nil
+	})
 }
 
 // Probe and Iprobe describe a message and leave it to be received.

@@ -38,3 +38,12 @@ func Addr(b []byte) uintptr {
 	}
 	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 }
+
+// Overlap reports whether a and b share at least one byte of memory.
+func Overlap(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	pa, pb := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return pa < pb+uintptr(len(b)) && pb < pa+uintptr(len(a))
+}
