@@ -15,7 +15,9 @@ import (
 	"github.com/gompi-org/gompi/internal/mpierr"
 )
 
-// Wall clock kept: synctest cannot apply while goroutines block in poll(2) on real sockets.
+// Deadlines on the wall clock: synctest cannot apply while goroutines
+// block in poll(2) on real sockets. The tests wait for conditions, never
+// for time to pass.
 
 // backlog sends frames of 120 KiB from rank 0 to rank 1 while rank 1's
 // handler holds its first delivery until release is closed, so that rank
@@ -110,7 +112,9 @@ func TestPolledFlushBacklog(t *testing.T) {
 	var done atomic.Int64
 	errs := make(chan error, frames)
 	sendBacklog(t, ep, frames, &done, errs)
-	time.Sleep(20 * time.Millisecond) // the socket fills, frames queue
+	// 24 MiB is more than the sockets hold while the receiver's handler
+	// holds its first delivery: frames queue behind them.
+	require.Less(t, done.Load(), int64(frames), "every frame completed while the receiver held: nothing queued")
 	close(release)
 	require.Eventually(t, func() bool { return got.Load() == frames && done.Load() == frames }, 20*time.Second, time.Millisecond)
 	// Half-way, stop polling: the writer goroutine alone must finish
@@ -138,9 +142,10 @@ func TestPolledFlushPeerDies(t *testing.T) {
 	var done atomic.Int64
 	errs := make(chan error, 2*frames)
 	sendBacklog(t, ep, frames, &done, errs)
-	time.Sleep(20 * time.Millisecond)
 	go r1.kill() // waits for its reader, which the handler holds until release
-	time.Sleep(10 * time.Millisecond)
+	// The killed rank's socket closes while its handler still holds:
+	// rank 0's queued sends start failing before the handler lets go.
+	require.Eventually(t, func() bool { return len(errs) > 0 }, 20*time.Second, time.Millisecond, "no queued send failed once the peer was killed")
 	close(release)
 	require.Eventually(t, func() bool { return done.Load() == frames }, 20*time.Second, time.Millisecond)
 	n := 0
