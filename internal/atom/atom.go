@@ -23,19 +23,23 @@
 // operations), StoreRel64 is sync/atomic's Store and the prefetches do
 // nothing.
 //
-// What each piece buys, measured with bench/ab.sh (sm, 2 ranks, gompi-bench
-// builds differing only in that piece, alternated round by round, gated on
-// the anchor's cache-line probe with QUIET_NS=60; medians):
+// What each piece buys: bench/atom-proof.sh 8 (QUIET_NS=60 on the AMD
+// guest) builds gompi-bench four ways, each differing from the commit in
+// one piece, and alternates them over sm, 2 ranks, round by round
+// (bench/ab.sh; medians of 8 rounds, gompi 502d42b):
 //
-//	piece      build without it             AMD EPYC guest: 8 B rate, 0/8 B latency
-//	StoreRel64 XCHG instead of MOV          15.06 against 15.70 M/s; latency equal (0.130 us)
-//	PrefetchW  and Prefetch: no-ops         15.42 against 15.70 M/s; latency equal
+//	build                                AMD EPYC guest: 8 B rate; 0/8/64 B latency
+//	the commit                           16.04 M/s; 0.126/0.128/0.149 us
+//	StoreRel64 an XCHG, not a MOV        15.65 M/s; equal within 0.002 us
+//	PrefetchW and Prefetch no-ops        15.83 M/s; equal within 0.002 us
+//	atom.Mutex instead of sync.Mutex     15.77 M/s; 64 B 0.152 us, others equal
 //
-// A Mutex whose Unlock was a release store (instead of sync.Mutex's
-// locked add) lived here too, for the same wait on the Intel guest; on
-// the AMD guest sync.Mutex measured faster in the same runs (latency 0 B
-// 0.123 against 0.127 us, 8 B 0.122 against 0.126, 64 B 0.155 against
-// 0.165, every round; rate 8 B 15.98 against 15.24 M/s), so sm's
-// endpoints and the PML's engine use sync.Mutex. The Intel guest's half
-// of this table is still to be measured.
+// atom.Mutex (its Unlock a release store instead of sync.Mutex's locked
+// add, its waiters parked with timed parks to cover a missed wake-up)
+// lived here for the Intel guest, where a locked instruction after a store
+// into a line still in the receiver's cache waited for that line; on the
+// AMD guest sync.Mutex is as fast or faster, so sm's endpoints and the
+// PML's engine use sync.Mutex, and the script brings atom.Mutex back
+// (reverting 8fc252f) only to measure it. The Intel guest's column of this
+// table is still to be measured, with the same command.
 package atom
