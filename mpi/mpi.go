@@ -5,8 +5,9 @@
 // Finalize) or N goroutine ranks inside one process started by Run. Ranks
 // exchange messages through a communicator (*Comm) with MPI semantics:
 // tags and wildcards, non-overtaking order between a pair of ranks,
-// blocking and nonblocking calls, probes, cancel, the four send modes, and
-// derived datatypes (package convertor) through Typed.
+// blocking, nonblocking and persistent calls, probes, cancel, the four
+// send modes, and derived datatypes (package convertor) through Typed.
+// docs/from-c-mpi.md maps each MPI call to its counterpart here.
 //
 //	err := mpi.Run(2, func(world *mpi.Comm) error {
 //		buf := make([]float64, 4)

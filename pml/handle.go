@@ -164,6 +164,16 @@ func DoneHandle(st Status) *Handle {
 	return h
 }
 
+// Pin keeps h from ever being taken back by KeepHandles: for a caller
+// that holds on to h after handing it out (mpi.Persistent asks its last
+// round's Handle whether that round is over), so that a WaitallRelease
+// given h cannot pass it to another Irecv.
+func (h *Handle) Pin() {
+	if h.s.State.Load()&sinkReusable != 0 {
+		h.s.State.and(^uint32(sinkReusable))
+	}
+}
+
 // KeepHandles gives back Handles that no call, nor the engine, touches
 // any more, for c's later Irecvs (newHandleLocked); it keeps those that
 // IrecvHandle made reusable, done without an error and unheld, and

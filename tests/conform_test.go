@@ -13,8 +13,9 @@ import (
 
 // TestConform runs the conformance program (every size from 0 B to 16 MiB
 // between every pair, byte checks, order of interleaved eager/rendezvous
-// messages to an AnyTag receiver, AnySource, and vector, indexed,
-// struct-with-holes and subarray datatypes both ways) over every transport.
+// messages to an AnyTag receiver, AnySource, a ring of persistent requests
+// and of SendrecvReplace, and vector, indexed, struct-with-holes and
+// subarray datatypes both ways) over every transport.
 func TestConform(t *testing.T) {
 	for _, tr := range transports {
 		for _, np := range []string{"2", "3"} {
