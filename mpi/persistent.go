@@ -144,11 +144,14 @@ var inactive = Status{Source: AnySource, Tag: AnyTag}
 // Wait blocks until the last round completes and returns its status;
 // before the first Start it returns at once, with Source AnySource and
 // Tag AnyTag (MPI's empty status).
-func (p *Persistent) Wait() (Status, error) { return p.WaitContext(nil) }
+func (p *Persistent) Wait() (Status, error) { return p.wait(nil) }
 
 // WaitContext is Wait that gives up when ctx is done: it then returns
 // ctx.Err() and the round goes on (wait again, or Cancel it).
-func (p *Persistent) WaitContext(ctx context.Context) (Status, error) {
+func (p *Persistent) WaitContext(ctx context.Context) (Status, error) { return p.wait(ctx) }
+
+// wait is Wait (ctx nil) and WaitContext.
+func (p *Persistent) wait(ctx context.Context) (Status, error) {
 	r := p.Request()
 	if r == nil {
 		return inactive, p.valid()

@@ -1,9 +1,11 @@
 package mpi_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/gompi-org/gompi/convertor"
 	"github.com/gompi-org/gompi/mpi"
@@ -103,6 +105,13 @@ func TestPersistentActiveStart(t *testing.T) {
 		}
 		if err := wantErr("Start during a round", p.Start(), mpi.ErrArg); err != nil {
 			return err
+		}
+		// Rank 1 sends nothing before rank 0's go-ahead: the round waits.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		_, err = p.WaitContext(ctx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("WaitContext on a round with no message: %v", err)
 		}
 		if err := w.Send(nil, 1, 1); err != nil {
 			return err
