@@ -234,6 +234,36 @@ func Waitsome(reqs []*Request) ([]int, []Status, error) {
 	return idx, sts, errors.Join(errs...)
 }
 
+// Testsome is the nonblocking Waitsome (MPI_Testsome): the indices and
+// statuses of the requests complete now, their entries set to nil, and
+// errors.Join of their errors; empty slices when none is. With no live
+// request it returns nil slices.
+func Testsome(reqs []*Request) ([]int, []Status, error) {
+	live := false
+	for _, r := range reqs {
+		if r == nil {
+			continue
+		}
+		live = true
+		if !r.h().Done() {
+			r.h().Progress() // the engine's, once for all of them
+			break
+		}
+	}
+	if !live {
+		return nil, nil, nil
+	}
+	idx, sts := []int{}, []Status{}
+	var errs []error
+	for j, r := range reqs {
+		if r != nil && r.h().Done() {
+			_, st, err := takeResult(reqs, j)
+			idx, sts, errs = append(idx, j), append(sts, st), append(errs, err)
+		}
+	}
+	return idx, sts, errors.Join(errs...)
+}
+
 // Testall reports whether every request is complete; if so it returns
 // their statuses (nil entries skipped) and errors.Join of their errors.
 func Testall(reqs []*Request) ([]Status, bool, error) {

@@ -443,6 +443,77 @@ func TestWaitany(t *testing.T) {
 	})
 }
 
+// Testsome returns the requests complete now (none before anything was
+// sent), sets their entries to nil and leaves the others; with no live
+// request it returns nil slices.
+func TestTestsome(t *testing.T) {
+	mustRun(t, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			if _, err := w.Recv(nil, 1, 9); err != nil {
+				return err
+			}
+			for _, tag := range []int{1, 3} {
+				if err := w.Send(pattern(500, uint64(tag)), 1, tag); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		reqs := make([]*mpi.Request, 4)
+		bufs := make([][]byte, 4)
+		for tag := range reqs {
+			bufs[tag] = make([]byte, 500)
+			var err error
+			if reqs[tag], err = w.Irecv(bufs[tag], 0, tag); err != nil {
+				return err
+			}
+		}
+		idx, sts, err := mpi.Testsome(reqs)
+		if err != nil || idx == nil || len(idx) != 0 || len(sts) != 0 {
+			return fmt.Errorf("Testsome before any send: %v %v %v", idx, sts, err)
+		}
+		if err := w.Send(nil, 0, 9); err != nil {
+			return err
+		}
+		var got []int
+		for len(got) < 2 {
+			idx, sts, err := mpi.Testsome(reqs)
+			if err != nil {
+				return err
+			}
+			for k, i := range idx {
+				if (i != 1 && i != 3) || slices.Contains(got, i) || reqs[i] != nil || sts[k].Tag != i || sts[k].Count != 500 {
+					return fmt.Errorf("Testsome returned index %d status %+v (seen %v)", i, sts[k], got)
+				}
+				if err := checkBytes("Testsome data", bufs[i], expected(500, uint64(i))); err != nil {
+					return err
+				}
+				got = append(got, i)
+			}
+		}
+		if reqs[0] == nil || reqs[2] == nil {
+			return errors.New("Testsome cleared an entry that had not completed")
+		}
+		reqs[0].Cancel()
+		reqs[2].Cancel()
+		for reqs[0] != nil || reqs[2] != nil {
+			idx, sts, err := mpi.Testsome(reqs)
+			if err != nil {
+				return err
+			}
+			for k := range idx {
+				if !sts[k].Cancelled {
+					return fmt.Errorf("index %d completed with %+v, want cancelled", idx[k], sts[k])
+				}
+			}
+		}
+		if idx, sts, err := mpi.Testsome(reqs); idx != nil || sts != nil || err != nil {
+			return fmt.Errorf("Testsome with no live request: %v %v %v", idx, sts, err)
+		}
+		return nil
+	})
+}
+
 // Waitsome returns at least one completed request, every returned entry
 // set to nil, and nothing when no request is left.
 func TestWaitsome(t *testing.T) {
