@@ -157,6 +157,31 @@ func (c *Comm) Recv(buf any, source, tag int) (Status, error) {
 	return Status(st), err
 }
 
+// RecvContext is Recv that gives up when ctx is done: it then cancels the
+// receive and returns ctx.Err(), and the message it would have taken stays
+// for a later receive. A message that matched before the cancel took
+// effect is received as Recv would: the status and a nil error (or
+// ErrTruncate). A receive with a deadline:
+//
+//	ctx, cancel := context.WithTimeout(ctx, time.Second)
+//	defer cancel()
+//	st, err := world.RecvContext(ctx, buf, mpi.AnySource, tag)
+func (c *Comm) RecvContext(ctx context.Context, buf any, source, tag int) (Status, error) {
+	r, err := c.Irecv(buf, source, tag)
+	if err != nil {
+		return Status{}, err
+	}
+	st, err := r.WaitContext(ctx)
+	if err == nil || ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
+		return st, err
+	}
+	r.Cancel()
+	if st, err := r.Wait(); err != nil || !st.Cancelled {
+		return st, err // matched first: the message is here
+	}
+	return Status{}, ctx.Err()
+}
+
 // Sendrecv sends sendBuf to dest and receives into recvBuf from source,
 // concurrently (so a ring exchange cannot deadlock). The two buffers must
 // not overlap, since the receive may write while the send still reads:

@@ -90,6 +90,56 @@ func TestNonblockingModes(t *testing.T) {
 	})
 }
 
+// RecvContext gives up at its deadline and leaves a later message to the
+// next receive; a message already there is received even with a context
+// that is done; argument errors come first.
+func TestRecvContext(t *testing.T) {
+	j := newJob()
+	maySend := make(chan struct{})
+	mustRunJob(t, j, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			if err := j.wait(maySend); err != nil {
+				return err
+			}
+			if err := w.Send(pattern(300, 1), 1, 4); err != nil {
+				return err
+			}
+			return w.Send(pattern(200000, 2), 1, 5)
+		}
+		got := make([]byte, 200000)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		_, err := w.RecvContext(ctx, got, mpi.AnySource, 4)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("RecvContext with nothing sent = %v, want context.DeadlineExceeded", err)
+		}
+		close(maySend)
+		// The message sent after the deadline goes to the next receive.
+		st, err := w.RecvContext(context.Background(), got[:300], 0, 4)
+		if err != nil || st.Count != 300 {
+			return fmt.Errorf("RecvContext after the deadline: %+v, %v", st, err)
+		}
+		if err := checkBytes("RecvContext", got[:300], expected(300, 1)); err != nil {
+			return err
+		}
+		// Once the rendezvous message is here, a done context still receives it.
+		if _, err := w.Probe(0, 5); err != nil {
+			return err
+		}
+		done, cancel := context.WithCancel(context.Background())
+		cancel()
+		st, err = w.RecvContext(done, got, 0, 5)
+		if err != nil || st.Cancelled || st.Count != 200000 {
+			return fmt.Errorf("RecvContext of a message already here with a done context: %+v, %v", st, err)
+		}
+		if err := checkBytes("RecvContext rendezvous", got, expected(200000, 2)); err != nil {
+			return err
+		}
+		_, err = w.RecvContext(context.Background(), got, 9, 0)
+		return wantErr("RecvContext from a bad rank", err, mpi.ErrRank)
+	})
+}
+
 // WaitContext gives up when its context is done and leaves the request
 // valid: it completes later with the right data.
 func TestWaitContext(t *testing.T) {
