@@ -320,13 +320,19 @@ func (c *Comm) Irecv(buf any, source, tag int) (*Request, error) {
 // Probe blocks until a message from source with tag can be received and
 // describes it without receiving it.
 func (c *Comm) Probe(source, tag int) (Status, error) {
+	return c.ProbeContext(context.Background(), source, tag)
+}
+
+// ProbeContext is Probe that gives up when ctx is done: it then returns
+// ctx.Err().
+func (c *Comm) ProbeContext(ctx context.Context, source, tag int) (Status, error) {
 	if err := c.checkSource(source, tag); err != nil {
 		return Status{}, err
 	}
 	if source == ProcNull {
 		return nullStatus, nil
 	}
-	st, err := c.pc.Probe(context.Background(), source, tag)
+	st, err := c.pc.Probe(ctx, source, tag)
 	return Status(st), err
 }
 
@@ -353,13 +359,20 @@ type Message struct {
 // Mprobe blocks until a matching message arrives and removes it from
 // matching: no other receive can take it.
 func (c *Comm) Mprobe(source, tag int) (*Message, Status, error) {
+	return c.MprobeContext(context.Background(), source, tag)
+}
+
+// MprobeContext is Mprobe that gives up when ctx is done: it then returns
+// ctx.Err() and takes no message. A message that matched before the
+// probe could withdraw is returned as Mprobe would.
+func (c *Comm) MprobeContext(ctx context.Context, source, tag int) (*Message, Status, error) {
 	if err := c.checkSource(source, tag); err != nil {
 		return nil, Status{}, err
 	}
 	if source == ProcNull {
 		return &Message{c: c, null: true}, nullStatus, nil
 	}
-	r, st, err := c.pc.Mprobe(context.Background(), source, tag)
+	r, st, err := c.pc.Mprobe(ctx, source, tag)
 	if err != nil {
 		return nil, Status{}, err
 	}

@@ -140,6 +140,49 @@ func TestRecvContext(t *testing.T) {
 	})
 }
 
+// ProbeContext and MprobeContext give up at their deadline, taking
+// nothing; the message sent later is probed and received normally.
+func TestProbeContext(t *testing.T) {
+	j := newJob()
+	maySend := make(chan struct{})
+	mustRunJob(t, j, 2, func(w *mpi.Comm) error {
+		if w.Rank() == 0 {
+			if err := j.wait(maySend); err != nil {
+				return err
+			}
+			return w.Send(pattern(100, 6), 1, 6)
+		}
+		for _, probe := range []struct {
+			name string
+			call func(ctx context.Context) error
+		}{
+			{"ProbeContext", func(ctx context.Context) error { _, err := w.ProbeContext(ctx, 0, 6); return err }},
+			{"MprobeContext", func(ctx context.Context) error { _, _, err := w.MprobeContext(ctx, mpi.AnySource, 6); return err }},
+		} {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+			err := probe.call(ctx)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("%s with nothing sent = %v, want context.DeadlineExceeded", probe.name, err)
+			}
+		}
+		close(maySend)
+		st, err := w.ProbeContext(context.Background(), 0, 6)
+		if err != nil || st.Count != 100 {
+			return fmt.Errorf("ProbeContext: %+v, %v", st, err)
+		}
+		m, st, err := w.MprobeContext(context.Background(), 0, 6)
+		if err != nil || st.Count != 100 {
+			return fmt.Errorf("MprobeContext: %+v, %v", st, err)
+		}
+		got := make([]byte, 100)
+		if _, err := m.Recv(got); err != nil {
+			return err
+		}
+		return checkBytes("MprobeContext", got, expected(100, 6))
+	})
+}
+
 // WaitContext gives up when its context is done and leaves the request
 // valid: it completes later with the right data.
 func TestWaitContext(t *testing.T) {
