@@ -552,14 +552,9 @@ func TestTestsome(t *testing.T) {
 			}
 			return nil
 		}
-		reqs := make([]*mpi.Request, 4)
-		bufs := make([][]byte, 4)
-		for tag := range reqs {
-			bufs[tag] = make([]byte, 500)
-			var err error
-			if reqs[tag], err = w.Irecv(bufs[tag], 0, tag); err != nil {
-				return err
-			}
+		reqs, bufs, err := recvByTag(w, 4, 500)
+		if err != nil {
+			return err
 		}
 		idx, sts, err := mpi.Testsome(reqs)
 		if err != nil || idx == nil || len(idx) != 0 || len(sts) != 0 {
@@ -627,14 +622,9 @@ func TestWaitsome(t *testing.T) {
 			}
 			return nil
 		}
-		reqs := make([]*mpi.Request, 6)
-		bufs := make([][]byte, 6)
-		for tag := range reqs {
-			bufs[tag] = make([]byte, 3000)
-			var err error
-			if reqs[tag], err = w.Irecv(bufs[tag], 0, tag); err != nil {
-				return err
-			}
+		reqs, bufs, err := recvByTag(w, 6, 3000)
+		if err != nil {
+			return err
 		}
 		collect := func(want []int) error {
 			var got []int
@@ -1224,4 +1214,18 @@ func TestWaitallRelease(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// recvByTag posts n receives from rank 0 of size bytes each, receive i
+// with tag i, and returns their requests and buffers.
+func recvByTag(w *mpi.Comm, n, size int) ([]*mpi.Request, [][]byte, error) {
+	reqs, bufs := make([]*mpi.Request, n), make([][]byte, n)
+	for tag := range reqs {
+		bufs[tag] = make([]byte, size)
+		var err error
+		if reqs[tag], err = w.Irecv(bufs[tag], 0, tag); err != nil {
+			return nil, nil, err
+		}
+	}
+	return reqs, bufs, nil
 }
