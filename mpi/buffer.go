@@ -86,8 +86,16 @@ func bufferOf(buf any, send bool) ([]byte, pml.Convertor, error) {
 	if b, ok := bytesOf(buf); ok {
 		return b, nil, nil
 	}
-	tb, ok := typedOf(buf)
-	if !ok {
+	var tb TypedBuffer
+	switch b := buf.(type) {
+	case TypedBuffer:
+		tb = b
+	case *TypedBuffer:
+		if b == nil {
+			return nil, nil, mpierr.Errorf(mpierr.ErrBuffer, "nil *TypedBuffer")
+		}
+		tb = *b
+	default:
 		// The type's name comes from reflect, which does not keep buf:
 		// passing buf itself to a formatting call would make every
 		// caller's buffer argument escape (an allocation per call).
@@ -114,38 +122,6 @@ func bufferOf(buf any, send bool) ([]byte, pml.Convertor, error) {
 		return b, nil, nil
 	}
 	return nil, c, nil
-}
-
-// typedOf returns buf as a TypedBuffer, ok false when it is none (a nil
-// *TypedBuffer is one, whose error says so).
-func typedOf(buf any) (tb TypedBuffer, ok bool) {
-	switch b := buf.(type) {
-	case TypedBuffer:
-		return b, true
-	case *TypedBuffer:
-		if b == nil {
-			return TypedBuffer{err: mpierr.Errorf(mpierr.ErrBuffer, "nil *TypedBuffer")}, true
-		}
-		return *b, true
-	}
-	return TypedBuffer{}, false
-}
-
-// contiguousSpan returns the memory a buffer's message occupies when that
-// is one contiguous range, nil otherwise (a non-contiguous datatype, or a
-// buffer the call that uses it will refuse).
-func contiguousSpan(buf any) []byte {
-	if b, ok := bytesOf(buf); ok {
-		return b
-	}
-	tb, ok := typedOf(buf)
-	if !ok || tb.err != nil {
-		return nil
-	}
-	if mem, ok, err := convertor.ContiguousRange(tb.mem, tb.count, tb.t); err == nil && ok {
-		return mem
-	}
-	return nil
 }
 
 // typeName is fmt's %T of v.

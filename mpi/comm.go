@@ -172,7 +172,7 @@ func (c *Comm) RecvContext(ctx context.Context, buf any, source, tag int) (Statu
 		return Status{}, err
 	}
 	st, err := r.WaitContext(ctx)
-	if err == nil || ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
+	if err == nil || !errors.Is(err, ctx.Err()) { // done, or failed on its own
 		return st, err
 	}
 	r.Cancel()
@@ -188,27 +188,43 @@ func (c *Comm) RecvContext(ctx context.Context, buf any, source, tag int) (Statu
 // when both are contiguous and share memory, Sendrecv returns ErrBuffer
 // and starts nothing. SendrecvReplace sends and receives in one buffer.
 func (c *Comm) Sendrecv(sendBuf any, dest, sendTag int, recvBuf any, source, recvTag int) (Status, error) {
-	if dest != ProcNull && source != ProcNull && sys.Overlap(contiguousSpan(sendBuf), contiguousSpan(recvBuf)) {
-		// The other arguments' errors come first, as without the overlap.
-		if err := c.checkSource(source, recvTag); err != nil {
-			return Status{}, err
-		}
-		if err := c.checkDest(dest, sendTag); err != nil {
-			return Status{}, err
-		}
+	// Both sides are checked and converted once, before either starts.
+	rmem, rconv, err := c.args(recvBuf, source, recvTag, false)
+	if err != nil {
+		return Status{}, err
+	}
+	smem, sconv, err := c.args(sendBuf, dest, sendTag, true)
+	if err != nil {
+		return Status{}, err
+	}
+	// A contiguous buffer's memory is its message (mem); a non-contiguous
+	// one's is nil here and not compared.
+	if dest != ProcNull && source != ProcNull && sys.Overlap(smem, rmem) {
 		return Status{}, mpierr.Errorf(mpierr.ErrBuffer, "Sendrecv: the send and receive buffers overlap (SendrecvReplace sends and receives in one buffer)")
 	}
-	rr, err := c.Irecv(recvBuf, source, recvTag)
-	if err != nil {
-		return Status{}, err
+	var rr *Request
+	if source != ProcNull {
+		h, err := c.pc.IrecvHandle(pml.Buffer{Bytes: rmem, Conv: rconv}, source, recvTag)
+		if err != nil {
+			return Status{}, err
+		}
+		rr = (*Request)(h)
 	}
-	sr, err := c.Isend(sendBuf, dest, sendTag)
-	if err != nil {
-		rr.Cancel()
-		rr.Wait()
-		return Status{}, err
+	var serr error
+	if dest != ProcNull {
+		h, err := c.pc.IsendHandle(pml.Buffer{Bytes: smem, Conv: sconv}, dest, sendTag, pml.Standard, nil)
+		if err != nil {
+			if rr != nil {
+				rr.Cancel()
+				rr.Wait()
+			}
+			return Status{}, err
+		}
+		_, serr = (*Request)(h).Wait()
 	}
-	_, serr := sr.Wait()
+	if rr == nil {
+		return nullStatus, serr
+	}
 	st, rerr := rr.Wait()
 	return st, errors.Join(rerr, serr)
 }
