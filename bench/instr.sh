@@ -12,6 +12,7 @@
 # repository root.
 #
 # Usage: bench/instr.sh [WINDOWS]   (default 3000)
+#   CG_SIZE=64 bench/instr.sh   the rate window with 64-byte messages
 #   OUT=DIR bench/instr.sh   also keeps the profiles (DIR/cg.Send.out,
 #     DIR/cg.Recv.out, DIR/cg.Round.out) for callgrind_annotate --auto=yes
 set -euo pipefail

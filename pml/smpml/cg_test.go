@@ -10,9 +10,10 @@ import (
 	"github.com/gompi-org/gompi/pml"
 )
 
-// TestCGWindow runs CG_WINDOWS windows of gompi-bench rate 8 B on one
-// goroutine (see BenchmarkPMLRateWindow), the sending and the receiving
-// halves in separate functions, for an instruction counter (valgrind
+// TestCGWindow runs CG_WINDOWS windows of gompi-bench rate (8 B, or
+// CG_SIZE bytes) on one goroutine (see BenchmarkPMLRateWindow), the
+// sending and the receiving halves in separate functions, for an
+// instruction counter (valgrind
 // --tool=callgrind --toggle-collect=*cgRecv*, bench/instr.sh). Each half
 // makes the PML calls that mpi makes for it: 64 IsendHandle or
 // IrecvHandle, then mpi.Comm.WaitallRelease's (waitallRelease).
@@ -22,7 +23,11 @@ func TestCGWindow(t *testing.T) {
 		t.Skip("CG_WINDOWS not set")
 	}
 	c0, c1 := pmlPair(t, [2]string{"pml_wait_spin", "1s"})
-	w := &cgWin{sb: pml.Buffer{Bytes: make([]byte, 8)}, rb: pml.Buffer{Bytes: make([]byte, 8)}}
+	sz, _ := strconv.Atoi(os.Getenv("CG_SIZE"))
+	if sz == 0 {
+		sz = 8
+	}
+	w := &cgWin{sb: pml.Buffer{Bytes: make([]byte, sz)}, rb: pml.Buffer{Bytes: make([]byte, sz)}}
 	checkSendsAtOnce(t, c0, c1, w)
 	growStack(64)
 	runtime.GC() // none in the counted windows: the loop allocates nothing
