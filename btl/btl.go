@@ -465,7 +465,7 @@ type Env struct {
 	Params               *params.Set // resolved parameters
 	Store                Store       // nil for a singleton or in-process job
 	Dispatch             *Dispatcher
-	Oversubscribed       bool                          // more ranks than cores: wait without spinning
+	Oversubscribed       bool                          // more ranks than cores: waits yield the CPU to other processes
 	Logf                 func(format string, a ...any) // verbose log (never nil)
 	// Stats: Counters will be read (gorun --stats). Without it a transport
 	// may leave counters that cost a locked instruction per fragment at

@@ -499,7 +499,7 @@ func TestRankGOMAXPROCS(t *testing.T) {
 
 func TestOversubscription(t *testing.T) {
 	np := strconv.Itoa(runtime.NumCPU() + 1)
-	notice := "oversubscribed, ranks will wait without spinning"
+	notice := "oversubscribed, waiting ranks will yield the CPU to each other"
 	r := gorun(t, "", "-np", np, rankprogBin, "env")
 	if r.code != 0 || !strings.Contains(r.stderr, notice) || strings.Count(r.stderr, "\n") != 1 {
 		t.Errorf("exit %d, want 0 and a one-line notice; stderr:\n%s", r.code, r.stderr)

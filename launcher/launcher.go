@@ -278,7 +278,7 @@ func Run(ctx context.Context, cfg Config) (exitCode int, err error) {
 	if perHost > runtime.NumCPU() {
 		env = append(env, EnvOversubscribed+"=1")
 		if !cfg.Oversubscribe {
-			out.printf("%d ranks on %d CPUs: oversubscribed, ranks will wait without spinning (--oversubscribe hides this notice)", cfg.NP, runtime.NumCPU())
+			out.printf("%d ranks on %d CPUs: oversubscribed, waiting ranks will yield the CPU to each other (--oversubscribe hides this notice)", cfg.NP, runtime.NumCPU())
 		}
 	}
 	if cfg.Stats {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gompi-org/gompi/btl"
+	"github.com/gompi-org/gompi/internal/sys"
 )
 
 // Convertor walks typed, possibly non-contiguous user memory as a packed
@@ -378,6 +379,17 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 // core away from the peer this rank is waiting for; a goroutine of this
 // process that must run still gets a turn (the spin is bounded anyway,
 // and the scheduler preempts after 10 ms).
+//
+// When ranks outnumber cores (osYield), each poll that finds nothing is
+// followed by runtime.Gosched and sched_yield, as Open MPI's progress loop
+// yields with mpi_yield_when_idle: the rank this one waits for is often
+// waiting for this core, and gets it at once instead of at the end of a
+// time slice, while a waiter alone on its core goes on polling (the call
+// returns at once). Gosched first lets the rank's own goroutines run (a
+// tcp reader or writer: gorun gives such a rank GOMAXPROCS=1, and they
+// waited for the 4096th poll; tcp 8 ranks on 2 cores, Sendrecv ring 380
+// -> 160 us a step). It spins for pml_wait_yield, then parks as any
+// waiter does.
 func (e *Engine) spinWait(r *Request, cond func() bool, size int, bulk bool) bool {
 	if e.spin <= 0 || !e.poll.active() {
 		if e.inbox != nil {
@@ -412,8 +424,21 @@ func (e *Engine) spinWait(r *Request, cond func() bool, size int, bulk bool) boo
 			}
 			return true
 		}
-		if bulk && n == 0 {
-			bulkPause()
+		if n == 0 {
+			if e.osYield {
+				if !counted {
+					// At once, not after 256 polls: the background
+					// goroutine naps while a waiter polls, instead of
+					// taking turns on the shared cores with it.
+					start = time.Now()
+					e.poll.spinners.Add(1)
+					counted = true
+				}
+				runtime.Gosched()
+				sys.OSYield()
+			} else if bulk {
+				bulkPause()
+			}
 		}
 		if i&255 == 0 {
 			if held { // let other goroutines poll now and then

@@ -126,7 +126,7 @@ type config struct {
 	links          int
 	spin           time.Duration
 	poll           bool
-	lease          bool // readers leave their sockets to pollers (not when oversubscribed: waits do not spin there)
+	lease          bool // readers leave their sockets to pollers
 	sndbuf, rcvbuf int
 	connectTimeout time.Duration
 	maxSend        int // largest SEND frame, header included: max(eager_limit, max_send_size)
@@ -162,7 +162,11 @@ func readConfig(env *btl.Env) (config, error) {
 	if _, src := p.Value(paramBusyPoll); env.Oversubscribed && src == params.FromDefault {
 		c.spin = 0
 	}
-	c.lease = c.poll && !env.Oversubscribed
+	// Also when oversubscribed, where waits poll and yield
+	// (pml_wait_yield): a reader that waited on its socket there would be
+	// woken by every message its rank's waits read anyway (tcp, 8 ranks on
+	// 2 cores: a Sendrecv ring took 3.7 ms a step against 0.75).
+	c.lease = c.poll
 	return c, nil
 }
 

@@ -1,0 +1,47 @@
+#!/bin/bash
+# ring.sh - the neighbour exchange of a 1-D decomposition (bench/ring: two
+# Sendrecv per step, or Irecv/Isend/Waitall) in gompi and in Open MPI on
+# this machine, side by side: ROUNDS rounds, each running every
+# combination of rank count, transport and mode once for each library,
+# back to back. Rank counts above the number of CPUs oversubscribe the
+# machine (gorun --oversubscribe; mpirun --oversubscribe, where Open MPI
+# yields the CPU while it polls). Prints, per combination, the median
+# time per step of each library and gompi/Open MPI.
+#
+# Usage: bench/ring.sh [ROUNDS]   (default 5; from the repository root)
+#   NPS="2 4 8" BTLS="sm tcp" MODES="sr nb" SIZE=8 STEPS=3000 bench/ring.sh
+# Needs: apt-get install -y openmpi-bin libopenmpi-dev; Go.
+set -euo pipefail
+ROUNDS=${1:-5}
+NPS=${NPS:-2 4 8}
+BTLS=${BTLS:-sm tcp}
+MODES=${MODES:-sr nb}
+SIZE=${SIZE:-8}
+STEPS=${STEPS:-3000}
+BIN=$(mktemp -d)
+trap 'rm -rf "$BIN"' EXIT
+go build -o "$BIN/gorun" ./cmd/gorun
+go build -o "$BIN/ring" ./bench/ring
+mpicc.openmpi -O2 -Wall -o "$BIN/ring-ompi" bench/ring.c
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $ROUNDS rounds, $SIZE B, $STEPS steps"
+for r in $(seq "$ROUNDS"); do
+	for np in $NPS; do
+		for t in $BTLS; do
+			ob=$t
+			[ "$t" = sm ] && ob=vader
+			for m in $MODES; do
+				g=$(timeout 300 "$BIN/gorun" -np "$np" --oversubscribe --btl "self,$t" "$BIN/ring" -steps "$STEPS" -size "$SIZE" -mode "$m" | awk '/us\/step/ { print $(NF-1) }')
+				o=$(timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe -np "$np" --mca btl "self,$ob" "$BIN/ring-ompi" "$STEPS" "$SIZE" "$m" 2>/dev/null | awk '/us\/step/ { print $(NF-1) }')
+				echo "r$r np=$np $t $m gompi=$g ompi=$o"
+			done
+		done
+	done
+done | tee "$BIN/runs.txt"
+echo "# median us/step over $ROUNDS rounds"
+echo "| ranks | transport | mode | gompi | Open MPI | gompi/Open MPI |"
+echo "| ---: | --- | --- | ---: | ---: | ---: |"
+awk '{ k = $2 " " $3 " " $4; sub("gompi=", "", $5); sub("ompi=", "", $6); g[k] = g[k] " " $5; o[k] = o[k] " " $6; keys[k] = 1 }
+function med(s,   a, n, i, j, v) { n = split(s, a, " ")
+  for (i = 2; i <= n; i++) { v = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > v; j--) a[j + 1] = a[j]; a[j + 1] = v }
+  return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+END { for (k in keys) { split(k, f, " "); sub("np=", "", f[1]); mg = med(g[k]); mo = med(o[k]); printf "| %s | %s | %s | %.2f | %.2f | %.2fx |\n", f[1], f[2], f[3], mg, mo, mg / mo } }' "$BIN/runs.txt" | sort -t'|' -k2,2n -k3,3 -k4,4

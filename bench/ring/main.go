@@ -1,0 +1,86 @@
+// Command ring times the neighbour exchange of a 1-D decomposition, the
+// shape halo codes write: every rank swaps a message with its right and
+// its left neighbour each step, by two Sendrecv calls (-mode sr) or by two
+// Irecv and two Isend and a Waitall (-mode nb). Rank 0 prints the time per
+// step. bench/ring.c is the same program in C for an MPI library; bench/ring.sh
+// runs both side by side, also with more ranks than cores.
+//
+//	go run ./cmd/gorun -np 4 ./bench/ring -steps 3000 -size 8 -mode sr
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/gompi-org/gompi/mpi"
+)
+
+func main() {
+	steps := flag.Int("steps", 3000, "exchanges timed")
+	size := flag.Int("size", 8, "bytes per message")
+	mode := flag.String("mode", "sr", "sr (two Sendrecv) or nb (Irecv, Irecv, Isend, Isend, Waitall)")
+	flag.Parse()
+	if err := run(*steps, *size, *mode); err != nil {
+		fmt.Fprintln(os.Stderr, "ring:", err)
+		os.Exit(1)
+	}
+}
+
+func run(steps, size int, mode string) error {
+	if mode != "sr" && mode != "nb" {
+		return fmt.Errorf("-mode %q: want sr or nb", mode)
+	}
+	w, err := mpi.Init()
+	if err != nil {
+		return err
+	}
+	rank, n := w.Rank(), w.Size()
+	right, left := (rank+1)%n, (rank+n-1)%n
+	toR, toL, fromL, fromR := make([]byte, size), make([]byte, size), make([]byte, size), make([]byte, size)
+	reqs := make([]*mpi.Request, 4)
+	step := func() error {
+		if mode == "sr" {
+			if _, err := w.Sendrecv(toR, right, 1, fromL, left, 1); err != nil {
+				return err
+			}
+			_, err := w.Sendrecv(toL, left, 2, fromR, right, 2)
+			return err
+		}
+		var err error
+		if reqs[0], err = w.Irecv(fromL, left, 1); err != nil {
+			return err
+		}
+		if reqs[1], err = w.Irecv(fromR, right, 2); err != nil {
+			return err
+		}
+		if reqs[2], err = w.Isend(toR, right, 1); err != nil {
+			return err
+		}
+		if reqs[3], err = w.Isend(toL, left, 2); err != nil {
+			return err
+		}
+		_, err = mpi.Waitall(reqs)
+		return err
+	}
+	for range steps / 10 { // warm-up
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	if err := w.Barrier(); err != nil {
+		return err
+	}
+	start := time.Now()
+	for range steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	d := time.Since(start)
+	if rank == 0 {
+		fmt.Printf("%s %d ranks %d B: %.2f us/step\n", mode, n, size, d.Seconds()/float64(steps)*1e6)
+	}
+	return mpi.Finalize()
+}
