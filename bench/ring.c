@@ -1,8 +1,9 @@
 /*
  * ring.c - bench/ring (Go) for an MPI library in C: every rank swaps a
  * message with its right and its left neighbour each step, by two
- * MPI_Sendrecv (mode sr) or by two MPI_Irecv, two MPI_Isend and an
- * MPI_Waitall (mode nb); rank 0 prints the time per step.
+ * MPI_Sendrecv (mode sr), by two MPI_Irecv, two MPI_Isend and an
+ * MPI_Waitall (mode nb), or by MPI_Irecv, MPI_Send and MPI_Wait twice
+ * (mode isr); rank 0 prints the time per step.
  *
  *   mpicc.openmpi -O2 -o ring bench/ring.c
  *   mpirun.openmpi --oversubscribe -np 4 --mca btl self,vader ./ring 3000 8 sr
@@ -32,6 +33,13 @@ int main(int argc, char **argv)
         if (!strcmp(mode, "sr")) {
             MPI_Sendrecv(toR, size, MPI_CHAR, right, 1, fromL, size, MPI_CHAR, left, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             MPI_Sendrecv(toL, size, MPI_CHAR, left, 2, fromR, size, MPI_CHAR, right, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else if (!strcmp(mode, "isr")) {
+            MPI_Irecv(fromL, size, MPI_CHAR, left, 1, MPI_COMM_WORLD, &q[0]);
+            MPI_Send(toR, size, MPI_CHAR, right, 1, MPI_COMM_WORLD);
+            MPI_Wait(&q[0], MPI_STATUS_IGNORE);
+            MPI_Irecv(fromR, size, MPI_CHAR, right, 2, MPI_COMM_WORLD, &q[0]);
+            MPI_Send(toL, size, MPI_CHAR, left, 2, MPI_COMM_WORLD);
+            MPI_Wait(&q[0], MPI_STATUS_IGNORE);
         } else {
             MPI_Irecv(fromL, size, MPI_CHAR, left, 1, MPI_COMM_WORLD, &q[0]);
             MPI_Irecv(fromR, size, MPI_CHAR, right, 2, MPI_COMM_WORLD, &q[1]);

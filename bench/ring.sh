@@ -1,6 +1,6 @@
 #!/bin/bash
 # ring.sh - the neighbour exchange of a 1-D decomposition (bench/ring: two
-# Sendrecv per step, or Irecv/Isend/Waitall) in gompi and in Open MPI on
+# Sendrecv per step, Irecv/Isend/Waitall, or Irecv/Send/Wait) in gompi and in Open MPI on
 # this machine, side by side: ROUNDS rounds, each running every
 # combination of rank count, transport and mode once for each library,
 # back to back. Rank counts above the number of CPUs oversubscribe the
@@ -9,13 +9,13 @@
 # time per step of each library and gompi/Open MPI.
 #
 # Usage: bench/ring.sh [ROUNDS]   (default 5; from the repository root)
-#   NPS="2 4 8" BTLS="sm tcp" MODES="sr nb" SIZE=8 STEPS=3000 bench/ring.sh
+#   NPS="2 4 8" BTLS="sm tcp" MODES="sr nb isr" SIZE=8 STEPS=3000 bench/ring.sh
 # Needs: apt-get install -y openmpi-bin libopenmpi-dev; Go.
 set -euo pipefail
 ROUNDS=${1:-5}
 NPS=${NPS:-2 4 8}
 BTLS=${BTLS:-sm tcp}
-MODES=${MODES:-sr nb}
+MODES=${MODES:-sr nb isr}
 SIZE=${SIZE:-8}
 STEPS=${STEPS:-3000}
 BIN=$(mktemp -d)

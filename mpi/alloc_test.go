@@ -194,3 +194,69 @@ func TestNaturalArgumentAllocations(t *testing.T) {
 		require.Zero(t, allocs[i], "allocations per round trip with %s arguments", k)
 	}
 }
+
+// TestExchangeAllocations: the neighbour exchange of halo codes allocates
+// nothing once warmed up, in both shapes: two Sendrecv with two tags (the
+// peer's message often arrives before the receive is posted and is
+// stored as unexpected), and Irecv, Irecv, Isend, Isend, WaitallInto
+// with two tags (sends done at once share a done request per destination
+// and tag).
+func TestExchangeAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	pml.SetResetCheck(false) // the check itself allocates (reflect)
+	defer pml.SetResetCheck(true)
+	const runs = 200 // AllocsPerRun runs the function runs+1 times
+	var allocs [2]float64
+	err := mpi.Run(2, func(w *mpi.Comm) error {
+		peer := 1 - w.Rank()
+		a, b, c, d := make([]byte, 8), make([]byte, 8), make([]byte, 8), make([]byte, 8)
+		var failed error
+		sendrecv := func() {
+			if _, err := w.Sendrecv(a, peer, 1, b, peer, 1); err != nil {
+				failed = err
+			}
+			if _, err := w.Sendrecv(c, peer, 2, d, peer, 2); err != nil {
+				failed = err
+			}
+		}
+		reqs := make([]*mpi.Request, 4)
+		sts := make([]mpi.Status, 4)
+		nonblocking := func() {
+			var err [4]error
+			reqs[0], err[0] = w.Irecv(b, peer, 1)
+			reqs[1], err[1] = w.Irecv(d, peer, 2)
+			reqs[2], err[2] = w.Isend(a, peer, 1)
+			reqs[3], err[3] = w.Isend(c, peer, 2)
+			for _, e := range err {
+				if e != nil {
+					failed = e
+					return
+				}
+			}
+			if e := mpi.WaitallInto(reqs, sts); e != nil {
+				failed = e
+			}
+		}
+		for range 300 { // warm-up: the pools fill
+			sendrecv()
+			nonblocking()
+		}
+		if w.Rank() == 0 {
+			allocs[0] = testing.AllocsPerRun(runs, sendrecv)
+			allocs[1] = testing.AllocsPerRun(runs, nonblocking)
+		} else {
+			for range runs + 1 {
+				sendrecv()
+			}
+			for range runs + 1 {
+				nonblocking()
+			}
+		}
+		return failed
+	})
+	require.NoError(t, err)
+	require.Zero(t, allocs[0], "allocations per exchange of two Sendrecv")
+	require.Zero(t, allocs[1], "allocations per exchange of Irecv, Irecv, Isend, Isend, WaitallInto")
+}

@@ -188,14 +188,23 @@ func (c *Comm) RecvContext(ctx context.Context, buf any, source, tag int) (Statu
 // when both are contiguous and share memory, Sendrecv returns ErrBuffer
 // and starts nothing. SendrecvReplace sends and receives in one buffer.
 func (c *Comm) Sendrecv(sendBuf any, dest, sendTag int, recvBuf any, source, recvTag int) (Status, error) {
-	// Both sides are checked and converted once, before either starts.
-	rmem, rconv, err := c.args(recvBuf, source, recvTag, false)
-	if err != nil {
-		return Status{}, err
+	// Both sides are checked and converted once, before either starts:
+	// []byte buffers with plain ranks and tags as Send and Irecv take them
+	// (fast), anything else through args.
+	rmem, rplain := recvBuf.([]byte)
+	smem, splain := sendBuf.([]byte)
+	var rconv, sconv pml.Convertor
+	if !rplain || !c.fast(source, recvTag) {
+		var err error
+		if rmem, rconv, err = c.args(recvBuf, source, recvTag, false); err != nil {
+			return Status{}, err
+		}
 	}
-	smem, sconv, err := c.args(sendBuf, dest, sendTag, true)
-	if err != nil {
-		return Status{}, err
+	if !splain || !c.fast(dest, sendTag) {
+		var err error
+		if smem, sconv, err = c.args(sendBuf, dest, sendTag, true); err != nil {
+			return Status{}, err
+		}
 	}
 	// A contiguous buffer's memory is its message (mem); a non-contiguous
 	// one's is nil here and not compared.
@@ -210,23 +219,26 @@ func (c *Comm) Sendrecv(sendBuf any, dest, sendTag int, recvBuf any, source, rec
 		}
 		rr = (*Request)(h)
 	}
+	// The send blocks as Send does, with the receive posted: a peer doing
+	// the same finds it, and waiting for the send polls for both (as
+	// MPI_Sendrecv is Irecv, Send, Wait in Open MPI).
 	var serr error
 	if dest != ProcNull {
-		h, err := c.pc.IsendHandle(pml.Buffer{Bytes: smem, Conv: sconv}, dest, sendTag, pml.Standard, nil)
-		if err != nil {
-			if rr != nil {
-				rr.Cancel()
-				rr.Wait()
-			}
-			return Status{}, err
-		}
-		_, serr = (*Request)(h).Wait()
+		serr = c.pc.Send(pml.Buffer{Bytes: smem, Conv: sconv}, dest, sendTag, pml.Standard)
 	}
 	if rr == nil {
 		return nullStatus, serr
 	}
-	st, rerr := rr.Wait()
-	return st, errors.Join(rerr, serr)
+	if serr != nil {
+		// The send failed: the receive is cancelled unless it matched.
+		rr.Cancel()
+		if st, rerr := rr.Wait(); !st.Cancelled {
+			return st, errors.Join(rerr, serr)
+		}
+		return Status{}, serr
+	}
+	st, err := (*pml.Handle)(rr).WaitRecv(c.pc)
+	return Status(st), err
 }
 
 // SendrecvReplace sends the content of buf to dest and receives a message

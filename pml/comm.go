@@ -29,13 +29,13 @@ type Comm struct {
 
 	// The Handles of nonblocking calls (handle.go): hslab for any call;
 	// rslab, rnext and kept (given back by KeepHandles) for the Irecvs
-	// postPlain posts, guarded by e.mu; sent, the last send done within
-	// its call (sentHandle).
+	// postPlain posts, guarded by e.mu; sent, sends done within their
+	// call, one per (destination, tag) slot (sentHandle).
 	hslab atomic.Pointer[handleSlab]
 	rslab *handleSlab
 	rnext int
 	kept  []*Handle
-	sent  atomic.Pointer[Handle]
+	sent  [sentSlots]atomic.Pointer[Handle]
 }
 
 type procSeq struct {

@@ -90,6 +90,7 @@ type Engine struct {
 	comms    map[uint32]*Comm
 	lastComm *Comm   // the communicator of the last matching fragment (a one-entry cache of comms)
 	parked   []*frag // matching fragments of communicators not created yet
+	fragFree []*frag // stored fragments given back, for copyFrag (recv_match.go)
 	reqs     map[uint64]*Request
 	nextID   uint64
 	nextCtx  uint32
@@ -181,6 +182,7 @@ func New(cfg Config) (*Engine, error) {
 	d.Register(btl.Tag(hdr.TypeCredit), e.onCredit)
 	d.OnPeerFailed(e.PeerFailed)
 	e.upper.register(d)
+	engines.add(e)
 	return e, nil
 }
 
@@ -255,6 +257,37 @@ func (e *Engine) Close(err error) {
 	}
 	e.Abort(err)
 	e.poll.close()
+	engines.remove(e)
+}
+
+// engines counts the engines of the process that are open, and names
+// the one when there is one (a process of gorun's): a Handle's wait then
+// polls that engine before it takes a use count on its request
+// (Handle.spinSink), whose engine it may not read without one.
+var engines engineSet
+
+type engineSet struct {
+	mu   sync.Mutex
+	n    int
+	sole atomic.Pointer[Engine]
+}
+
+func (es *engineSet) add(e *Engine) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	es.n++
+	if es.n == 1 {
+		es.sole.Store(e)
+	} else {
+		es.sole.Store(nil)
+	}
+}
+
+func (es *engineSet) remove(e *Engine) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	es.n--
+	es.sole.CompareAndSwap(e, nil)
 }
 
 // SetSpinner gives an engine without polled transports (in-process

@@ -67,7 +67,7 @@ func (c *Comm) newHandle() *Handle {
 // (KeepHandles), for an Irecv that postPlain posts: one KeepHandles gave
 // back, or the next of rslab's. e.mu held, which is what makes it safe
 // without newHandle's atomic add, a locked instruction per Irecv.
-func (c *Comm) newHandleLocked() *Handle {
+func (c *Comm) newHandleLocked(size int) *Handle {
 	var h *Handle
 	if n := len(c.kept); n > 0 {
 		h = c.kept[n-1]
@@ -81,7 +81,7 @@ func (c *Comm) newHandleLocked() *Handle {
 		h = &c.rslab.hs[c.rnext]
 		c.rnext++
 	}
-	h.s.State.set(sinkMode | sinkReusable)
+	h.s.State.set(sinkMode | sinkReusable | smallFlag(size))
 	return h
 }
 
@@ -100,7 +100,7 @@ func (c *Comm) IrecvHandle(buf Buffer, src, tag int) (*Handle, error) {
 	}
 	// The sink gets the result: sink mode, set before postRecv shares h.
 	h := c.newHandle()
-	h.s.State.set(sinkMode)
+	h.s.State.set(sinkMode | smallFlag(buf.Len()))
 	r, err := c.postRecv(nil, buf.Bytes, buf.Conv, src, tag, kindRecv, &h.s)
 	if err != nil {
 		return nil, err
@@ -135,18 +135,25 @@ func (c *Comm) IsendHandle(buf Buffer, dest, tag int, mode Mode, release func())
 	return h, nil
 }
 
+// sentSlots is how many Handles of sends done at once a communicator
+// keeps (sentHandle), a power of two.
+const sentSlots = 8
+
 // sentHandle returns a Handle done at once with the status of a send of n
 // bytes to dest with tag. Such a Handle never changes (no call on it
 // writes to it), so one can stand for every such send with the same
-// status: a loop of eager Isends to one peer allocates nothing, as Open
-// MPI returns one shared completed request for them. The communicator
-// keeps the last one made.
+// status: a loop of eager Isends allocates nothing, as Open MPI returns
+// one shared completed request for them. The communicator keeps the last
+// one made for each of sentSlots slots of (dest, tag), so that a halo
+// exchange's sends to its neighbours, or a Sendrecv loop's sends with two
+// tags, find theirs too (with one for all, each such send allocated one).
 func (c *Comm) sentHandle(dest, tag, n int) *Handle {
-	if d := c.sent.Load(); d != nil && d.s.Extra == nil && int(d.s.Source) == dest && int(d.s.Tag) == tag && int(d.s.Count) == n {
+	slot := &c.sent[uint(dest*5+tag)%sentSlots]
+	if d := slot.Load(); d != nil && d.s.Extra == nil && int(d.s.Source) == dest && int(d.s.Tag) == tag && int(d.s.Count) == n {
 		return d
 	}
 	d := DoneHandle(Status{Source: dest, Tag: tag, Count: n})
-	c.sent.Store(d)
+	slot.Store(d)
 	return d
 }
 
@@ -181,7 +188,7 @@ func (h *Handle) Pin() {
 func (c *Comm) KeepHandles(hs []*Handle) {
 	n := 0
 	for _, h := range hs {
-		if h != nil && h.s.State.Load() == sinkGone|sinkMode|sinkReusable && h.s.Extra == nil {
+		if h != nil && h.s.State.Load()&^sinkSmall == sinkGone|sinkMode|sinkReusable && h.s.Extra == nil {
 			hs[n] = h
 			n++
 		}
@@ -331,6 +338,12 @@ func (h *Handle) WaitAlone(more bool) (st Status, back *Request, ok bool, err er
 			st, err = h.stored()
 			return st, nil, true, err
 		}
+		// The process's one engine is this request's: poll it first
+		// without a use count (WaitRecv says why).
+		if e := engines.sole.Load(); e != nil && h.spinSink(e, more) {
+			st, err = h.stored()
+			return st, nil, true, err
+		}
 		if pr = h.Acquire(); pr == nil {
 			st, err = h.stored()
 			return st, nil, true, err
@@ -351,6 +364,39 @@ func (h *Handle) WaitAlone(more bool) (st Status, back *Request, ok bool, err er
 	}
 	st, back, err = h.finishTakenKeep(pr)
 	return st, back, true, err
+}
+
+// WaitRecv is Wait for h, a receive's Handle that c's IrecvHandle made,
+// waited for by the goroutine that posted it. It first polls c's engine
+// until the engine has stored the result in h (pml_wait_spin, as any
+// wait), reading only h's state word: no use count on the PML request,
+// whose atomic add, a locked instruction, waited for the stores of the
+// send just before it (a Sendrecv's) to reach the peer's cache. Then it
+// is Wait.
+func (h *Handle) WaitRecv(c *Comm) (Status, error) {
+	if s := h.s.State.Load(); h.p != nil && s&sinkMode != 0 && s&sinkGone == 0 {
+		h.spinSink(c.e, false)
+	}
+	return h.Wait(nil)
+}
+
+// spinSink polls e, the engine of h's request, until the engine stored
+// the result in h, for as long as a wait spins; it reports whether it
+// did. h is a receive's Handle (sink mode): only its state word is read.
+// more: the caller waits for more requests after this one; polls that
+// find nothing then pause as waitMore's do, for a small receive
+// (sinkSmall).
+func (h *Handle) spinSink(e *Engine, more bool) bool {
+	return e.spinWait(nil, func() bool { return h.s.State.Load()&sinkGone != 0 }, 0, more && h.s.State.Load()&sinkSmall != 0)
+}
+
+// smallFlag is sinkSmall for a receive of size bytes that waitMore would
+// pause for.
+func smallFlag(size int) uint32 {
+	if size <= bulkMax {
+		return sinkSmall
+	}
+	return 0
 }
 
 // waitFor waits for pr; more: the caller has more requests to wait for

@@ -55,6 +55,9 @@ type frag struct {
 
 type fragList struct{ head, tail *frag }
 
+// listFreeMax bounds matchState.listFree.
+const listFreeMax = 16
+
 type key struct{ src, tag int32 }
 
 // matchState is a communicator's posted and unexpected queues (guarded by
@@ -71,6 +74,9 @@ type matchState struct {
 	uSrc  []fragList
 	uKey  map[key]*fragList
 	nWild int
+	// listFree: uKey lists emptied, for the next key that needs one
+	// (at most listFreeMax).
+	listFree []*fragList
 
 	empty int // specific lists that are empty (kept for reuse, swept when many)
 
@@ -255,7 +261,12 @@ func (m *matchState) addUnexpected(f *frag) {
 	k := key{f.m.Src, f.m.Tag}
 	l := m.uKey[k]
 	if l == nil {
-		l = &fragList{}
+		if n := len(m.listFree); n > 0 {
+			l = m.listFree[n-1]
+			m.listFree = m.listFree[:n-1]
+		} else {
+			l = &fragList{}
+		}
 		m.uKey[k] = l
 	}
 	f.keyPrev, f.keyNext = l.tail, nil
@@ -302,6 +313,9 @@ func (m *matchState) removeUnexpected(f *frag) {
 	}
 	if l.head == nil {
 		delete(m.uKey, key{f.m.Src, f.m.Tag})
+		if len(m.listFree) < listFreeMax {
+			m.listFree = append(m.listFree, l)
+		}
 	}
 	f.allNext, f.allPrev, f.srcNext, f.srcPrev, f.keyNext, f.keyPrev = nil, nil, nil, nil, nil, nil
 }

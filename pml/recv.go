@@ -130,7 +130,7 @@ func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *sink, handle boo
 	}
 	var h *Handle
 	if handle {
-		h = c.newHandleLocked()
+		h = c.newHandleLocked(len(b))
 		s = &h.s
 	}
 	r.kind, r.comm, r.peer, r.tag, r.buf.Bytes, r.sink = kindRecv, c, src, tag, b, s

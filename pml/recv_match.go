@@ -380,13 +380,49 @@ func (e *Engine) deliverCopy(r *Request, p *peer, src, tag int, data []byte) {
 
 // ---- fragment storage ----
 
-// copyFrag copies f (whose slices alias a transport's buffer) for storage.
+// copyFrag copies f (whose slices alias a transport's buffer) for storage,
+// into a fragment freeFrag gave back when there is one, whose buffers it
+// reuses. e.mu held. A message that arrives before its receive (the
+// peer's half of a Sendrecv exchange, most often) cost three allocations
+// before the fragments were reused (this copy, its data and the
+// unexpected queue's list, fragList).
 func (e *Engine) copyFrag(f *frag) *frag {
-	g := new(frag)
+	var g *frag
+	if n := len(e.fragFree); n > 0 {
+		g = e.fragFree[n-1]
+		e.fragFree[n-1] = nil
+		e.fragFree = e.fragFree[:n-1]
+	} else {
+		g = new(frag)
+	}
+	data, handle := g.data[:0], g.handle[:0]
 	*g = *f
-	g.data = append([]byte(nil), f.data...)
-	g.handle = append([]byte(nil), f.handle...)
+	g.data = append(data, f.data...)
+	g.handle = append(handle, f.handle...)
 	return g
 }
 
-func (e *Engine) freeFrag(*frag) {}
+// Bounds of the fragments freeFrag keeps: how many, and the largest data
+// buffer kept with one (an eager message of sm or tcp's default limit).
+const (
+	fragFreeMax  = 64
+	fragKeepData = 4096
+)
+
+// freeFrag gives back f, a fragment copyFrag made that nothing refers to
+// any more: its receive has taken what it needed (deliver copies the data
+// and the rendezvous handle). e.mu held.
+func (e *Engine) freeFrag(f *frag) {
+	if len(e.fragFree) == fragFreeMax {
+		return
+	}
+	var data, handle []byte
+	if cap(f.data) <= fragKeepData {
+		data = f.data[:0]
+	}
+	if cap(f.handle) <= fragKeepData {
+		handle = f.handle[:0]
+	}
+	*f = frag{data: data, handle: handle}
+	e.fragFree = append(e.fragFree, f)
+}

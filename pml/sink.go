@@ -60,7 +60,8 @@ const (
 	sinkRecycle   = 1 << 28 // gone while held: the last holder gives the PML request back
 	sinkMode      = 1 << 27 // the engine writes the result (a receive's)
 	sinkReusable  = 1 << 26 // a Handle of newHandleLocked, which KeepHandles may take back
-	sinkUsers     = sinkReusable - 1
+	sinkSmall     = 1 << 25 // a receive of at most bulkMax bytes (Handle.spinSink)
+	sinkUsers     = sinkSmall - 1
 )
 
 // store writes st and err into s (a Handle's finishTakenKeep for calls

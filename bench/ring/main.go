@@ -1,7 +1,8 @@
 // Command ring times the neighbour exchange of a 1-D decomposition, the
 // shape halo codes write: every rank swaps a message with its right and
-// its left neighbour each step, by two Sendrecv calls (-mode sr) or by two
-// Irecv and two Isend and a Waitall (-mode nb). Rank 0 prints the time per
+// its left neighbour each step, by two Sendrecv calls (-mode sr), by two
+// Irecv, two Isend and a Waitall (-mode nb), or by Irecv, Send and Wait
+// twice (-mode isr). Rank 0 prints the time per
 // step. bench/ring.c is the same program in C for an MPI library; bench/ring.sh
 // runs both side by side, also with more ranks than cores.
 //
@@ -20,7 +21,7 @@ import (
 func main() {
 	steps := flag.Int("steps", 3000, "exchanges timed")
 	size := flag.Int("size", 8, "bytes per message")
-	mode := flag.String("mode", "sr", "sr (two Sendrecv) or nb (Irecv, Irecv, Isend, Isend, Waitall)")
+	mode := flag.String("mode", "sr", "sr (two Sendrecv), nb (Irecv, Irecv, Isend, Isend, Waitall) or isr (Irecv, Send, Wait, twice)")
 	flag.Parse()
 	if err := run(*steps, *size, *mode); err != nil {
 		fmt.Fprintln(os.Stderr, "ring:", err)
@@ -29,8 +30,8 @@ func main() {
 }
 
 func run(steps, size int, mode string) error {
-	if mode != "sr" && mode != "nb" {
-		return fmt.Errorf("-mode %q: want sr or nb", mode)
+	if mode != "sr" && mode != "nb" && mode != "isr" {
+		return fmt.Errorf("-mode %q: want sr, nb or isr", mode)
 	}
 	w, err := mpi.Init()
 	if err != nil {
@@ -41,6 +42,24 @@ func run(steps, size int, mode string) error {
 	toR, toL, fromL, fromR := make([]byte, size), make([]byte, size), make([]byte, size), make([]byte, size)
 	reqs := make([]*mpi.Request, 4)
 	step := func() error {
+		if mode == "isr" {
+			for _, x := range [2]struct {
+				to, from, tag int
+				out, in       []byte
+			}{{right, left, 1, toR, fromL}, {left, right, 2, toL, fromR}} {
+				q, err := w.Irecv(x.in, x.from, x.tag)
+				if err != nil {
+					return err
+				}
+				if err := w.Send(x.out, x.to, x.tag); err != nil {
+					return err
+				}
+				if _, err := q.Wait(); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 		if mode == "sr" {
 			if _, err := w.Sendrecv(toR, right, 1, fromL, left, 1); err != nil {
 				return err
