@@ -9,7 +9,10 @@
 # time per step of each library and gompi/Open MPI.
 #
 # Usage: bench/ring.sh [ROUNDS]   (default 5; from the repository root)
-#   NPS="2 4 8" BTLS="sm tcp" MODES="sr nb isr" SIZE=8 STEPS=3000 bench/ring.sh
+#   NPS="2 4 8" BTLS="sm tcp" MODES="sr nb isr" SIZE=8 STEPS=20000 bench/ring.sh
+#   QUIET_NS=60 bench/ring.sh   each pair of runs waits (up to a minute) for
+#     the anchor's cache-line probe to read below 60 ns, and runs again (at
+#     most three tries) when the probe after it does not (bench/ab.sh)
 # Needs: apt-get install -y openmpi-bin libopenmpi-dev; Go.
 set -euo pipefail
 ROUNDS=${1:-5}
@@ -17,9 +20,16 @@ NPS=${NPS:-2 4 8}
 BTLS=${BTLS:-sm tcp}
 MODES=${MODES:-sr nb isr}
 SIZE=${SIZE:-8}
-STEPS=${STEPS:-3000}
+STEPS=${STEPS:-20000}
+QUIET_NS=${QUIET_NS:-0}
+ANCHOR=${ANCHOR:-/work/shared/anchor}
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
+gcc -O2 -o "$BIN/c2c" "$ANCHOR/c2c.c" -lpthread
+quiet() {
+	[ "$QUIET_NS" = 0 ] && return 0
+	awk -v p="$(timeout 30 "$BIN/c2c" | tail -1 || echo 9999)" -v q="$QUIET_NS" 'BEGIN { exit !(p + 0 < q + 0) }'
+}
 go build -o "$BIN/gorun" ./cmd/gorun
 go build -o "$BIN/ring" ./bench/ring
 mpicc.openmpi -O2 -Wall -o "$BIN/ring-ompi" bench/ring.c
@@ -30,8 +40,12 @@ for r in $(seq "$ROUNDS"); do
 			ob=$t
 			[ "$t" = sm ] && ob=vader
 			for m in $MODES; do
-				g=$(timeout 300 "$BIN/gorun" -np "$np" --oversubscribe --btl "self,$t" "$BIN/ring" -steps "$STEPS" -size "$SIZE" -mode "$m" | awk '/us\/step/ { print $(NF-1) }')
-				o=$(timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe -np "$np" --mca btl "self,$ob" "$BIN/ring-ompi" "$STEPS" "$SIZE" "$m" 2>/dev/null | awk '/us\/step/ { print $(NF-1) }')
+				for try in 1 2 3; do
+					for w in $(seq 60); do quiet && break; sleep 1; done
+					g=$(timeout 300 "$BIN/gorun" -np "$np" --oversubscribe --btl "self,$t" "$BIN/ring" -steps "$STEPS" -size "$SIZE" -mode "$m" | awk '/us\/step/ { print $(NF-1) }')
+					o=$(timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe -np "$np" --mca btl "self,$ob" "$BIN/ring-ompi" "$STEPS" "$SIZE" "$m" 2>/dev/null | awk '/us\/step/ { print $(NF-1) }')
+					quiet && break
+				done
 				echo "r$r np=$np $t $m gompi=$g ompi=$o"
 			done
 		done

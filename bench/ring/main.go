@@ -6,7 +6,7 @@
 // step. bench/ring.c is the same program in C for an MPI library; bench/ring.sh
 // runs both side by side, also with more ranks than cores.
 //
-//	go run ./cmd/gorun -np 4 ./bench/ring -steps 3000 -size 8 -mode sr
+//	go run ./cmd/gorun -np 4 ./bench/ring -size 8 -mode sr
 package main
 
 import (
@@ -19,7 +19,7 @@ import (
 )
 
 func main() {
-	steps := flag.Int("steps", 3000, "exchanges timed")
+	steps := flag.Int("steps", 20000, "exchanges timed (after at least 100 ms of exchanges not timed)")
 	size := flag.Int("size", 8, "bytes per message")
 	mode := flag.String("mode", "sr", "sr (two Sendrecv), nb (Irecv, Irecv, Isend, Isend, Waitall) or isr (Irecv, Send, Wait, twice)")
 	flag.Parse()
@@ -83,9 +83,32 @@ func run(steps, size int, mode string) error {
 		_, err = mpi.Waitall(reqs)
 		return err
 	}
-	for range steps / 10 { // warm-up
-		if err := step(); err != nil {
+	// Warm-up: rounds of 1000 steps until rank 0 has seen 100 ms go by
+	// (a new process's first 10-20 ms run slower, which a short run
+	// would measure), rank 0 telling the others after each round whether
+	// to go on. bench/ring.c does the same.
+	goOn := make([]byte, 1)
+	for t0 := time.Now(); ; {
+		for range 1000 {
+			if err := step(); err != nil {
+				return err
+			}
+		}
+		if rank == 0 {
+			goOn[0] = 0
+			if time.Since(t0) < 100*time.Millisecond {
+				goOn[0] = 1
+			}
+			for r := 1; r < n; r++ {
+				if err := w.Send(goOn, r, 9); err != nil {
+					return err
+				}
+			}
+		} else if _, err := w.Recv(goOn, 0, 9); err != nil {
 			return err
+		}
+		if goOn[0] == 0 {
+			break
 		}
 	}
 	if err := w.Barrier(); err != nil {
