@@ -68,11 +68,8 @@ func (c *Comm) newHandle() *Handle {
 // back, or the next of rslab's. e.mu held, which is what makes it safe
 // without newHandle's atomic add, a locked instruction per Irecv.
 func (c *Comm) newHandleLocked(size int) *Handle {
-	var h *Handle
-	if n := len(c.kept); n > 0 {
-		h = c.kept[n-1]
-		c.kept[n-1] = nil
-		c.kept = c.kept[:n-1]
+	h := popLast(&c.kept)
+	if h != nil {
 		*h = Handle{}
 	} else {
 		if c.rslab == nil || c.rnext == len(c.rslab.hs) {

@@ -261,10 +261,7 @@ func (m *matchState) addUnexpected(f *frag) {
 	k := key{f.m.Src, f.m.Tag}
 	l := m.uKey[k]
 	if l == nil {
-		if n := len(m.listFree); n > 0 {
-			l = m.listFree[n-1]
-			m.listFree = m.listFree[:n-1]
-		} else {
+		if l = popLast(&m.listFree); l == nil {
 			l = &fragList{}
 		}
 		m.uKey[k] = l

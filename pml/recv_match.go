@@ -387,12 +387,8 @@ func (e *Engine) deliverCopy(r *Request, p *peer, src, tag int, data []byte) {
 // before the fragments were reused (this copy, its data and the
 // unexpected queue's list, fragList).
 func (e *Engine) copyFrag(f *frag) *frag {
-	var g *frag
-	if n := len(e.fragFree); n > 0 {
-		g = e.fragFree[n-1]
-		e.fragFree[n-1] = nil
-		e.fragFree = e.fragFree[:n-1]
-	} else {
+	g := popLast(&e.fragFree)
+	if g == nil {
 		g = new(frag)
 	}
 	data, handle := g.data[:0], g.handle[:0]
