@@ -160,8 +160,9 @@ func New(cfg Config) (*Engine, error) {
 		// A waiter that sleeps at once makes every message a wake-up
 		// of a sleeping process by its sender; one that spins without
 		// yielding holds a core that the rank it waits for needs. A
-		// ring of Sendrecvs with 4 ranks on 2 cores took 63 us a step
-		// sleeping, 11 yielding, Open MPI 4.4 (docs/tuning.md).
+		// Sendrecv ring of 4 ranks on 2 cores: 61 us a step sleeping
+		// at once, 7 yielding, Open MPI 4.5 (docs/PERFORMANCE.md,
+		// "Neighbour exchange").
 		e.spin, e.osYield = p.Duration("pml_wait_yield"), true
 	}
 	e.poll.starts = e.runStarts

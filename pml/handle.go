@@ -142,8 +142,8 @@ const sentSlots = 8
 // status: a loop of eager Isends allocates nothing, as Open MPI returns
 // one shared completed request for them. The communicator keeps the last
 // one made for each of sentSlots slots of (dest, tag), so that a halo
-// exchange's sends to its neighbours, or a Sendrecv loop's sends with two
-// tags, find theirs too (with one for all, each such send allocated one).
+// exchange's sends to its neighbours, or a loop's sends with two tags,
+// find theirs too (one Handle for all would allocate one per such send).
 func (c *Comm) sentHandle(dest, tag, n int) *Handle {
 	slot := &c.sent[uint(dest*5+tag)%sentSlots]
 	if d := slot.Load(); d != nil && d.s.Extra == nil && int(d.s.Source) == dest && int(d.s.Tag) == tag && int(d.s.Count) == n {
