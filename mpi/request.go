@@ -108,6 +108,10 @@ func (c *Comm) keepHandles(hs []*pml.Handle) {
 	c.pc.KeepHandles(hs)
 }
 
+// streamMin is the largest Waitall whose waits do not pause between
+// polls (WaitallInto).
+const streamMin = 8
+
 // WaitallInto is Waitall writing the statuses into sts (sts[i] for
 // reqs[i]; entries of nil requests are left alone), or ignoring them when
 // sts is nil, as MPI_STATUSES_IGNORE does: a loop of windows then
@@ -144,7 +148,12 @@ func WaitallInto(reqs []*Request, sts []Status) error {
 			}
 			continue
 		}
-		pst, back, ok, err := r.h().WaitAlone(i < len(reqs)-1)
+		// more: the requests after this one stream in behind it, and
+		// polls that find nothing pause (pml's waitMore); for a window of
+		// streamMin requests or fewer (a halo exchange's) the pause only
+		// delays each message's turn (bench/ring -mode nb over sm: 0.55
+		// -> 0.46 us a step without it).
+		pst, back, ok, err := r.h().WaitAlone(len(reqs) > streamMin && i < len(reqs)-1)
 		st := Status(pst)
 		if !ok {
 			st, err = r.Wait()
