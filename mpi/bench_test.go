@@ -120,3 +120,41 @@ func BenchmarkCopy(b *testing.B) {
 		copy(dst, src)
 	}
 }
+
+// BenchmarkSelfExchange: one op is a step of a 2-rank neighbour exchange
+// between in-process ranks, two Sendrecv with two tags (bench/ring's sr
+// shape); rank 1 does the same number of steps.
+func BenchmarkSelfExchange(b *testing.B) {
+	b.ReportAllocs()
+	steps := make(chan int, 1)
+	err := mpi.Run(2, func(w *mpi.Comm) error {
+		peer := 1 - w.Rank()
+		a, c, d, e := make([]byte, 8), make([]byte, 8), make([]byte, 8), make([]byte, 8)
+		step := func() error {
+			if _, err := w.Sendrecv(a, peer, 1, c, peer, 1); err != nil {
+				return err
+			}
+			_, err := w.Sendrecv(d, peer, 2, e, peer, 2)
+			return err
+		}
+		if w.Rank() == 1 {
+			for range <-steps {
+				if err := step(); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		steps <- b.N
+		b.ResetTimer()
+		for range b.N {
+			if err := step(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+}
