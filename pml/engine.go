@@ -41,8 +41,8 @@ func init() {
 		Help: "keep registrations (always use RDMA directly instead of the RDMA pipeline)"})
 	params.Register(params.Def{Name: "pml_wait_spin", Kind: params.Duration, Default: "50us",
 		Help: "how long a waiting call polls before it parks (when ranks outnumber cores, pml_wait_yield instead)"})
-	params.Register(params.Def{Name: "pml_wait_yield", Kind: params.Duration, Default: "10ms",
-		Help: "when ranks outnumber cores: how long a waiting call polls, giving the CPU to other processes (sched_yield) after each poll that finds nothing, before it parks (0: it parks at once)"})
+	params.Register(params.Def{Name: "pml_wait_yield", Kind: params.Duration, Default: "1ms",
+		Help: "when ranks outnumber cores and every transport polled is shared memory: how long a waiting call polls, giving the CPU to other processes (sched_yield) after each poll that finds nothing, before it parks (0: it parks at once)"})
 }
 
 // Config configures an Engine.
@@ -111,7 +111,9 @@ type Engine struct {
 	upper    upper       // the layers above: their btl tags and failure watchers (peerep.go)
 
 	spin        time.Duration
-	osYield     bool // oversubscribed: spinning waits yield the CPU to other processes (spinWait)
+	osYield     bool // oversubscribed over memory pollers: spinning waits yield the CPU to other processes (spinWait)
+	oversub     bool // Config.Oversubscribed
+	yieldSpin   time.Duration
 	depth       int
 	recvDepth   int
 	force       Force
@@ -157,13 +159,7 @@ func New(cfg Config) (*Engine, error) {
 		countStats:  cfg.Stats,
 	}
 	if cfg.Oversubscribed {
-		// A waiter that sleeps at once makes every message a wake-up
-		// of a sleeping process by its sender; one that spins without
-		// yielding holds a core that the rank it waits for needs. A
-		// Sendrecv ring of 4 ranks on 2 cores: 61 us a step sleeping
-		// at once, 7 yielding, Open MPI 4.5 (docs/PERFORMANCE.md,
-		// "Neighbour exchange").
-		e.spin, e.osYield = p.Duration("pml_wait_yield"), true
+		e.spin, e.oversub, e.yieldSpin = 0, true, p.Duration("pml_wait_yield")
 	}
 	e.poll.starts = e.runStarts
 	e.poll.retry = e.retry
@@ -244,8 +240,27 @@ func (e *Engine) PeerTransport(r int) string {
 	return ""
 }
 
-// AddPoller registers a transport that needs polling.
-func (e *Engine) AddPoller(p btl.Poller) { e.poll.add(p) }
+// AddPoller registers a transport that needs polling; before the first
+// wait.
+//
+// When ranks outnumber cores and every polled transport reads memory only
+// (btl.MemoryPoller: sm), waits poll and yield the CPU for
+// pml_wait_yield (osYield); otherwise they park at once. A waiter that
+// sleeps at once makes every message a wake-up of a sleeping process by
+// its sender; one that spins without yielding holds a core that the rank
+// it waits for needs. A Sendrecv ring of 4 ranks on 2 cores over sm: 61
+// us a step sleeping at once, 7 yielding, Open MPI 4.5
+// (docs/PERFORMANCE.md, "Neighbour exchange").
+func (e *Engine) AddPoller(p btl.Poller) {
+	e.poll.add(p)
+	if e.oversub {
+		e.osYield = e.poll.memoryOnly && e.yieldSpin > 0
+		e.spin = 0
+		if e.osYield {
+			e.spin = e.yieldSpin
+		}
+	}
+}
 
 // Start starts the background progress goroutine (only if a transport needs polling).
 func (e *Engine) Start() { e.poll.start() }

@@ -385,11 +385,10 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 // yields with mpi_yield_when_idle: the rank this one waits for is often
 // waiting for this core, and gets it at once instead of at the end of a
 // time slice, while a waiter alone on its core goes on polling (the call
-// returns at once). Gosched first lets the rank's own goroutines run (a
-// tcp reader or writer: gorun gives such a rank GOMAXPROCS=1, and they
-// waited for the 4096th poll; tcp 8 ranks on 2 cores, Sendrecv ring 380
-// -> 160 us a step). It spins for pml_wait_yield, then parks as any
-// waiter does.
+// returns at once). Gosched first lets the rank's own goroutines run
+// (gorun gives such a rank GOMAXPROCS=1, and they would wait for the
+// 4096th poll). It spins for pml_wait_yield, then parks as any waiter
+// does. Engine.AddPoller says when (shared memory only).
 func (e *Engine) spinWait(r *Request, cond func() bool, size int, bulk bool) bool {
 	if e.spin <= 0 || !e.poll.active() {
 		if e.inbox != nil {

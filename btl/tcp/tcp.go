@@ -126,7 +126,7 @@ type config struct {
 	links          int
 	spin           time.Duration
 	poll           bool
-	lease          bool // readers leave their sockets to pollers
+	lease          bool // readers leave their sockets to pollers (not when oversubscribed)
 	sndbuf, rcvbuf int
 	connectTimeout time.Duration
 	maxSend        int // largest SEND frame, header included: max(eager_limit, max_send_size)
@@ -162,12 +162,9 @@ func readConfig(env *btl.Env) (config, error) {
 	if _, src := p.Value(paramBusyPoll); env.Oversubscribed && src == params.FromDefault {
 		c.spin = 0
 	}
-	// Also when oversubscribed, where waits poll and yield
-	// (pml_wait_yield): a reader that waited on its socket there would be
-	// woken by every message its rank's waits read anyway (8 ranks on 2
-	// cores, bench/ring over tcp: 0.9-5.8 ms a Sendrecv step against
-	// 0.14-0.18 ms with the lease).
-	c.lease = c.poll
+	// Not when oversubscribed: waits there park at once (tcp is not a
+	// btl.MemoryPoller), and Block has the readers wait on the sockets.
+	c.lease = c.poll && !env.Oversubscribed
 	return c, nil
 }
 
