@@ -40,7 +40,7 @@ func init() {
 	params.Register(params.Def{Name: "pml_leave_pinned", Kind: params.Bool, Default: "false",
 		Help: "keep registrations (always use RDMA directly instead of the RDMA pipeline)"})
 	params.Register(params.Def{Name: "pml_wait_spin", Kind: params.Duration, Default: "50us",
-		Help: "how long a waiting call polls before it parks (when ranks outnumber cores, pml_wait_yield instead)"})
+		Help: "how long a waiting call polls before it parks (when ranks outnumber cores: pml_wait_yield over shared memory, 0 otherwise)"})
 	params.Register(params.Def{Name: "pml_wait_yield", Kind: params.Duration, Default: "1ms",
 		Help: "when ranks outnumber cores and every transport polled is shared memory: how long a waiting call polls, giving the CPU to other processes (sched_yield) after each poll that finds nothing, before it parks (0: it parks at once)"})
 }
