@@ -479,7 +479,7 @@ type Env struct {
 	Params               *params.Set // resolved parameters
 	Store                Store       // nil for a singleton or in-process job
 	Dispatch             *Dispatcher
-	Oversubscribed       bool                          // more ranks than cores: waits yield the CPU to other processes
+	Oversubscribed       bool                          // more ranks than cores: waits yield the CPU over a MemoryPoller, park otherwise
 	Logf                 func(format string, a ...any) // verbose log (never nil)
 	// Stats: Counters will be read (gorun --stats). Without it a transport
 	// may leave counters that cost a locked instruction per fragment at

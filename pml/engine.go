@@ -277,9 +277,11 @@ func (e *Engine) Close(err error) {
 }
 
 // engines counts the engines of the process that are open, and names
-// the one when there is one (a process of gorun's): a Handle's wait then
-// polls that engine before it takes a use count on its request
-// (Handle.spinSink), whose engine it may not read without one.
+// the one while the process has only ever had one open at a time (a
+// process of gorun's): a Handle's wait then polls that engine before it
+// takes a use count on its request (Handle.spinSink), whose engine it may
+// not read without one. When two were open and one closes, it names none
+// until the other closes too: the waits then only skip that first poll.
 var engines engineSet
 
 type engineSet struct {
