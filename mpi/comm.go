@@ -71,6 +71,15 @@ func (c *Comm) args(buf any, r, tag int, send bool) ([]byte, pml.Convertor, erro
 	return bufferOf(buf, send)
 }
 
+// argsFast is args that takes a []byte with a plain rank and tag as it
+// is (fast), without args' checks and conversion.
+func (c *Comm) argsFast(buf any, r, tag int, send bool) ([]byte, pml.Convertor, error) {
+	if mem, ok := buf.([]byte); ok && c.fast(r, tag) {
+		return mem, nil, nil
+	}
+	return c.args(buf, r, tag, send)
+}
+
 func (c *Comm) checkDest(dest, tag int) error {
 	if err := c.valid(); err != nil {
 		return err
@@ -188,23 +197,14 @@ func (c *Comm) RecvContext(ctx context.Context, buf any, source, tag int) (Statu
 // when both are contiguous and share memory, Sendrecv returns ErrBuffer
 // and starts nothing. SendrecvReplace sends and receives in one buffer.
 func (c *Comm) Sendrecv(sendBuf any, dest, sendTag int, recvBuf any, source, recvTag int) (Status, error) {
-	// Both sides are checked and converted once, before either starts:
-	// []byte buffers with plain ranks and tags as Send and Irecv take them
-	// (fast), anything else through args.
-	rmem, rplain := recvBuf.([]byte)
-	smem, splain := sendBuf.([]byte)
-	var rconv, sconv pml.Convertor
-	if !rplain || !c.fast(source, recvTag) {
-		var err error
-		if rmem, rconv, err = c.args(recvBuf, source, recvTag, false); err != nil {
-			return Status{}, err
-		}
+	// Both sides are checked and converted once, before either starts.
+	rmem, rconv, err := c.argsFast(recvBuf, source, recvTag, false)
+	if err != nil {
+		return Status{}, err
 	}
-	if !splain || !c.fast(dest, sendTag) {
-		var err error
-		if smem, sconv, err = c.args(sendBuf, dest, sendTag, true); err != nil {
-			return Status{}, err
-		}
+	smem, sconv, err := c.argsFast(sendBuf, dest, sendTag, true)
+	if err != nil {
+		return Status{}, err
 	}
 	// A contiguous buffer's memory is its message (mem); a non-contiguous
 	// one's is nil here and not compared.
@@ -237,8 +237,7 @@ func (c *Comm) Sendrecv(sendBuf any, dest, sendTag int, recvBuf any, source, rec
 		}
 		return Status{}, serr
 	}
-	st, err := (*pml.Handle)(rr).WaitRecv(c.pc)
-	return Status(st), err
+	return rr.Wait()
 }
 
 // SendrecvReplace sends the content of buf to dest and receives a message
