@@ -24,7 +24,6 @@
 //	ConcurrentPoller  Module    Progress may run on several goroutines at once       sm, tcp, verbs
 //	HeldPoller        Module    a spinning waiter may keep the poll lock             sm
 //	BackgroundNapper  Module    Block sleeps in a system call holding the processor  sm
-//	MemoryPoller      Module    Progress reads memory only, with no system call      sm
 //	Spinner           Module    small fragments are handed to the receiver's poll    self
 //	Counted           Module    the transport counts its traffic (gorun --stats)     all
 //	HeaderSender      Endpoint  an immediate send can take its header by value       self, sm
@@ -349,19 +348,6 @@ type BackgroundNapper interface {
 	NapInBackground() bool
 }
 
-// MemoryPoller is implemented by transports whose Progress only reads
-// memory (sm's fast boxes and FIFOs), with no system call. When ranks
-// outnumber cores, the PML's waiters poll such transports and yield the
-// CPU to the other ranks between polls for pml_wait_yield before they
-// sleep; over any other (tcp reads its sockets, verbs its device's) they
-// sleep at once, since polls that each make system calls took the CPU
-// from the ranks with work (gompi-soak, 4 ranks on 2 cores over tcp: half
-// the messages a second).
-type MemoryPoller interface {
-	Poller
-	PollsMemory() bool
-}
-
 // ConcurrentPoller is implemented by transports whose Progress may be
 // called from several goroutines at once (it serializes itself, e.g. by
 // returning 0 when another call is in flight). The PML then calls it
@@ -479,7 +465,7 @@ type Env struct {
 	Params               *params.Set // resolved parameters
 	Store                Store       // nil for a singleton or in-process job
 	Dispatch             *Dispatcher
-	Oversubscribed       bool                          // more ranks than cores: waits yield the CPU over a MemoryPoller, park otherwise
+	Oversubscribed       bool                          // more ranks than cores: waits yield the CPU between polls, then park
 	Logf                 func(format string, a ...any) // verbose log (never nil)
 	// Stats: Counters will be read (gorun --stats). Without it a transport
 	// may leave counters that cost a locked instruction per fragment at

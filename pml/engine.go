@@ -40,9 +40,9 @@ func init() {
 	params.Register(params.Def{Name: "pml_leave_pinned", Kind: params.Bool, Default: "false",
 		Help: "keep registrations (always use RDMA directly instead of the RDMA pipeline)"})
 	params.Register(params.Def{Name: "pml_wait_spin", Kind: params.Duration, Default: "50us",
-		Help: "how long a waiting call polls before it parks (when ranks outnumber cores: pml_wait_yield over shared memory, 0 otherwise)"})
+		Help: "how long a waiting call polls before it parks (when ranks outnumber cores, pml_wait_yield instead)"})
 	params.Register(params.Def{Name: "pml_wait_yield", Kind: params.Duration, Default: "1ms",
-		Help: "when ranks outnumber cores and every transport polled is shared memory: how long a waiting call polls, giving the CPU to other processes (sched_yield) after each poll that finds nothing, before it parks (0: it parks at once)"})
+		Help: "when ranks outnumber cores: how long a waiting call polls, giving the CPU to other processes (sched_yield) after each poll that finds nothing, before it parks (0: it parks at once)"})
 }
 
 // Config configures an Engine.
@@ -111,9 +111,7 @@ type Engine struct {
 	upper    upper       // the layers above: their btl tags and failure watchers (peerep.go)
 
 	spin        time.Duration
-	osYield     bool // oversubscribed over memory pollers: spinning waits yield the CPU to other processes (spinWait)
-	oversub     bool // Config.Oversubscribed
-	yieldSpin   time.Duration
+	osYield     bool // oversubscribed: spinning waits yield the CPU to other processes (spinWait)
 	depth       int
 	recvDepth   int
 	force       Force
@@ -159,7 +157,16 @@ func New(cfg Config) (*Engine, error) {
 		countStats:  cfg.Stats,
 	}
 	if cfg.Oversubscribed {
-		e.spin, e.oversub, e.yieldSpin = 0, true, p.Duration("pml_wait_yield")
+		// When ranks outnumber cores, waits poll and yield the CPU for
+		// pml_wait_yield (osYield), then park. A waiter that sleeps at
+		// once makes every message a wake-up of a sleeping process by
+		// its sender; one that spins without yielding holds a core that
+		// the rank it waits for needs. A Sendrecv ring of 4 ranks on 2
+		// cores (bench/ring.sh) took 61 us a step over sm and 80 over
+		// tcp sleeping at once, 7.6 and 40 yielding; Open MPI, which
+		// yields the same way, 4.9 and 47.
+		e.spin = p.Duration("pml_wait_yield")
+		e.osYield = e.spin > 0
 	}
 	e.poll.starts = e.runStarts
 	e.poll.retry = e.retry
@@ -242,25 +249,7 @@ func (e *Engine) PeerTransport(r int) string {
 
 // AddPoller registers a transport that needs polling; before the first
 // wait.
-//
-// When ranks outnumber cores and every polled transport reads memory only
-// (btl.MemoryPoller: sm), waits poll and yield the CPU for
-// pml_wait_yield (osYield); otherwise they park at once. A waiter that
-// sleeps at once makes every message a wake-up of a sleeping process by
-// its sender; one that spins without yielding holds a core that the rank
-// it waits for needs. A Sendrecv ring of 4 ranks on 2 cores over sm
-// (bench/ring.sh): 61 us a step sleeping at once, 7.6 yielding, Open MPI
-// 4.9.
-func (e *Engine) AddPoller(p btl.Poller) {
-	e.poll.add(p)
-	if e.oversub {
-		e.osYield = e.poll.memoryOnly && e.yieldSpin > 0
-		e.spin = 0
-		if e.osYield {
-			e.spin = e.yieldSpin
-		}
-	}
-}
+func (e *Engine) AddPoller(p btl.Poller) { e.poll.add(p) }
 
 // Start starts the background progress goroutine (only if a transport needs polling).
 func (e *Engine) Start() { e.poll.start() }

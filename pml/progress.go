@@ -33,9 +33,6 @@ type pollers struct {
 	blocked atomic.Int32
 	// napper: the first transport is a btl.BackgroundNapper.
 	napper bool
-	// memoryOnly: every transport in list is a btl.MemoryPoller
-	// (Engine.AddPoller).
-	memoryOnly bool
 	// held: the first transport, when a spinning waiter may hold its poll
 	// lock across polls (btl.HeldPoller); nil otherwise.
 	held btl.HeldPoller
@@ -125,8 +122,6 @@ type polled struct {
 }
 
 func (ps *pollers) add(p btl.Poller) {
-	m, ok := p.(btl.MemoryPoller)
-	ps.memoryOnly = ok && m.PollsMemory() && (len(ps.list) == 0 || ps.memoryOnly)
 	if len(ps.list) == 0 {
 		n, ok := p.(btl.BackgroundNapper)
 		ps.napper = ok && n.NapInBackground()

@@ -388,7 +388,7 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 // returns at once). Gosched first lets the rank's own goroutines run
 // (gorun gives such a rank GOMAXPROCS=1, and they would wait for the
 // 4096th poll). It spins for pml_wait_yield, then parks as any waiter
-// does. Engine.AddPoller says when (shared memory only).
+// does.
 func (e *Engine) spinWait(r *Request, cond func() bool, size int, bulk bool) bool {
 	if e.spin <= 0 || !e.poll.active() {
 		if e.inbox != nil {

@@ -552,10 +552,6 @@ func (m *Module) wakeHelper(wake <-chan struct{}, stop <-chan struct{}, woken *a
 // the process's processor (see btl.BackgroundNapper).
 func (m *Module) NapInBackground() bool { return true }
 
-// PollsMemory reports that Progress reads shared memory only, with no
-// system call (btl.MemoryPoller).
-func (m *Module) PollsMemory() bool { return true }
-
 // ConcurrentProgress reports that Progress may be called from several
 // goroutines at once (one polls, the others return 0): the PML needs no
 // lock of its own around it.

@@ -120,7 +120,7 @@ func newConn(ep *endpoint, nc *net.TCPConn) (*conn, error) {
 		}
 	}
 	laddr, raddr := nc.LocalAddr().String(), nc.RemoteAddr().String()
-	s, err := newSock(nc, ep.m.sh.cfg.spin)
+	s, err := newSock(nc, ep.m.sh.cfg.spin, ep.m.sh.cfg.netpoll)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,24 +31,36 @@ const canPoll = true
 // when it decides to (conn.readLoop), and while the application polls it
 // does not wait on the socket at all.
 //
+// When ranks outnumber cores (netpoll) that reasoning turns around: PML
+// waits park at once and nobody polls, so every message is read by a
+// reader goroutine, and one blocked in poll(2) holds a thread (and, until
+// sysmon takes it back, the P) that must be woken and handed the P before
+// the rank it serves can run. There the socket stays in the netpoller and
+// wait parks the reader goroutine on it: the rank's one thread sleeps in
+// epoll_wait when it has nothing to do and runs the reader and then the
+// woken application goroutine in turn.
+//
 // read is used by whoever holds the connection's read side (conn.rmu), wait
 // by the reader goroutine only, writev by the goroutine that owns the write
 // side (conn.busy) only. Every use of the descriptor holds mu for reading;
 // close takes it for writing, so the number is never used after close.
 type sock struct {
-	mu   sync.RWMutex // fd is valid while read-locked and fd >= 0
-	fd   int
-	spin time.Duration      // busy-poll budget of wait before it sleeps in poll(2)
-	peek [1]byte            // wait's MSG_PEEK buffer (reader goroutine)
-	rpfd [1]unix.PollFd     // wait's poll set (reader goroutine)
-	wpfd [1]unix.PollFd     // writev's poll set (write-side owner)
-	wiov [iovMax]unix.Iovec // writev's vector (write-side owner)
+	mu    sync.RWMutex // fd is valid while read-locked and fd >= 0
+	fd    int
+	spin  time.Duration      // busy-poll budget of wait before it sleeps in poll(2)
+	nc    *net.TCPConn       // netpoll mode: the original, kept in the netpoller for wait
+	rc    syscall.RawConn    // netpoll mode: nc's, to park wait on
+	ready func(uintptr) bool // netpoll mode: wait's readiness test (allocated once)
+	peek  [1]byte            // wait's MSG_PEEK buffer (reader goroutine)
+	rpfd  [1]unix.PollFd     // wait's poll set (reader goroutine)
+	wpfd  [1]unix.PollFd     // writev's poll set (write-side owner)
+	wiov  [iovMax]unix.Iovec // writev's vector (write-side owner)
 }
 
 // newSock takes the socket of nc: it keeps a duplicate of the descriptor
 // (non-blocking, close-on-exec) and closes nc, which takes the original out
-// of the netpoller.
-func newSock(nc *net.TCPConn, spin time.Duration) (*sock, error) {
+// of the netpoller; with netpoll it keeps nc open for wait to park on.
+func newSock(nc *net.TCPConn, spin time.Duration, netpoll bool) (*sock, error) {
 	rc, err := nc.SyscallConn()
 	if err != nil {
 		return nil, err
@@ -59,12 +72,19 @@ func newSock(nc *net.TCPConn, spin time.Duration) (*sock, error) {
 	if derr != nil {
 		return nil, derr
 	}
-	nc.Close()
 	if err := unix.SetNonblock(fd, true); err != nil {
 		unix.Close(fd)
+		nc.Close()
 		return nil, err
 	}
-	return &sock{fd: fd, spin: spin}, nil
+	s := &sock{fd: fd, spin: spin}
+	if !netpoll {
+		nc.Close()
+		return s, nil
+	}
+	s.nc, s.rc = nc, rc
+	s.ready = func(uintptr) bool { return s.readable() }
+	return s, nil
 }
 
 // read reads what the socket has, at most len(p) > 0 bytes, without
@@ -97,8 +117,7 @@ func (s *sock) read(p []byte) (int, error) {
 // to report), without consuming anything.
 func (s *sock) readable() bool {
 	for {
-		_, _, err := unix.Recvfrom(s.fd, s.peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		switch err {
+		switch s.sysPeek() {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
@@ -113,7 +132,8 @@ func (s *sock) readable() bool {
 // goroutines this reader woke run on its P, sched_yield lets the peer run
 // when it shares the CPU), giving up early, without sleeping, and
 // reporting true, as soon as yield returns true; then it sleeps in
-// poll(2). An error means the descriptor is closed.
+// poll(2), or, in netpoll mode, parks the goroutine on the netpoller. An
+// error means the descriptor is closed.
 func (s *sock) wait(yield func() bool) (bool, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -135,6 +155,19 @@ func (s *sock) wait(yield func() bool) (bool, error) {
 				return true, nil
 			}
 		}
+	}
+	if s.rc != nil {
+		// Both descriptors name one socket, so the netpoller's
+		// readiness is the duplicate's. RawConn.Read calls ready again
+		// after each wake-up until it reports true.
+		return false, s.rc.Read(s.ready)
+	}
+	// A goroutine this reader readied (the application's, woken by a
+	// completion) runs now: once poll(2) has begun, the P waits in the
+	// system call until sysmon takes it back, 20 us to 10 ms later.
+	runtime.Gosched()
+	if s.readable() {
+		return false, nil
 	}
 	s.rpfd[0] = unix.PollFd{Fd: int32(s.fd), Events: unix.POLLIN}
 	for {
@@ -223,6 +256,9 @@ func (s *sock) close() error {
 	}
 	err := unix.Close(s.fd)
 	s.fd = -1
+	if s.nc != nil {
+		s.nc.Close()
+	}
 	return err
 }
 

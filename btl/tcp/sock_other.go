@@ -21,7 +21,7 @@ type sock struct {
 	nc *net.TCPConn
 }
 
-func newSock(nc *net.TCPConn, _ time.Duration) (*sock, error) { return &sock{nc: nc}, nil }
+func newSock(nc *net.TCPConn, _ time.Duration, _ bool) (*sock, error) { return &sock{nc: nc}, nil }
 
 func (s *sock) read(p []byte) (int, error) { return s.nc.Read(p) }
 

@@ -45,3 +45,13 @@ func (s *sock) sysWritev(part [][]byte) (int, error) {
 	}
 	return int(r), nil
 }
+
+// sysPeek is a non-blocking recv(2) of one byte with MSG_PEEK, consuming
+// nothing: whether a read would not block. Raw like sysRead: through the
+// scheduler, each call woke sysmon when every P of the rank had been idle
+// (entersyscall does), one more thread to run per message when ranks
+// outnumber cores.
+func (s *sock) sysPeek() unix.Errno {
+	_, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(s.fd), uintptr(unsafe.Pointer(&s.peek[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	return e
+}

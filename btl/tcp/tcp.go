@@ -17,8 +17,9 @@
 // same while nobody polls (spinning for btl_tcp_busy_poll, default 200us,
 // before it sleeps in poll(2)), and leaves the socket alone while somebody
 // does; and a writer goroutine that writes queued frames in batches with
-// writev. Sockets are raw descriptors outside Go's netpoller (sock_linux.go
-// says why).
+// writev. Sockets are raw descriptors outside Go's netpoller, except when
+// ranks outnumber cores: the readers then park on the netpoller
+// (sock_linux.go says why).
 // A sender that finds the connection idle writes its frame itself, from
 // its own goroutine, without a hand-off; what the socket does not take at
 // once is queued for the writer goroutine.
@@ -127,6 +128,7 @@ type config struct {
 	spin           time.Duration
 	poll           bool
 	lease          bool // readers leave their sockets to pollers (not when oversubscribed)
+	netpoll        bool // readers park on the netpoller, not in poll(2) (when oversubscribed)
 	sndbuf, rcvbuf int
 	connectTimeout time.Duration
 	maxSend        int // largest SEND frame, header included: max(eager_limit, max_send_size)
@@ -162,9 +164,11 @@ func readConfig(env *btl.Env) (config, error) {
 	if _, src := p.Value(paramBusyPoll); env.Oversubscribed && src == params.FromDefault {
 		c.spin = 0
 	}
-	// Not when oversubscribed: waits there park at once (tcp is not a
-	// btl.MemoryPoller), and Block has the readers wait on the sockets.
+	// Oversubscribed, the PML's waiters yield the CPU between polls and
+	// soon park: the readers then deliver, parked on the netpoller
+	// rather than left out of the way of pollers (sock).
 	c.lease = c.poll && !env.Oversubscribed
+	c.netpoll = env.Oversubscribed
 	return c, nil
 }
 

@@ -79,6 +79,24 @@ func TestConformance(t *testing.T) {
 	t.Run("defaults", func(t *testing.T) {
 		btltest.Run(t, suitePeers(0))
 	})
+	// More ranks than cores: the readers park on the netpoller.
+	t.Run("oversubscribed", func(t *testing.T) {
+		btltest.Run(t, func(t *testing.T, n int) []btltest.Peer {
+			store := btltest.NewStore()
+			peers := make([]btltest.Peer, n)
+			for i := range n {
+				env, _ := btltest.Env(t, store, "test-job", i, n, withGet)
+				env.Oversubscribed = true
+				mods, err := component{}.Open(env)
+				require.NoError(t, err)
+				m := mods[0].(*module)
+				require.True(t, m.sh.cfg.netpoll)
+				t.Cleanup(func() { m.Close() })
+				peers[i] = btltest.Peer{Module: m, Dispatch: env.Dispatch, Kill: m.abort}
+			}
+			return peers
+		})
+	})
 }
 
 func TestOpenWithoutStore(t *testing.T) {
