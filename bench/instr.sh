@@ -3,8 +3,9 @@
 # through the PML, Handles included: the sending and the receiving halves
 # of a gompi-bench rate 8 B window over sm (64 eager IsendHandle, then 64
 # IrecvHandle, each followed by the PML calls of mpi.Comm.WaitallRelease),
-# and of an 8-byte ping-pong (blocking Send and Recv), counted by
-# valgrind's callgrind in pml/smpml's TestCGWindow and TestCGRoundTrip (the
+# and of an 8-byte ping-pong (blocking Send and Recv; then with Probe and
+# Recv, and with Mprobe and Mrecv), counted by valgrind's callgrind in
+# pml/smpml's TestCGWindow, TestCGRoundTrip and TestCGProbeRoundTrip (the
 # PML over sm) on one goroutine. mpi's own argument checks are not counted.
 # A count, not a time: the same build gives the same figure to the tenth, so
 # a change of a few instructions shows where timings on this machine drown
@@ -14,7 +15,8 @@
 # Usage: bench/instr.sh [WINDOWS]   (default 3000)
 #   CG_SIZE=64 bench/instr.sh   the rate window with 64-byte messages
 #   OUT=DIR bench/instr.sh   also keeps the profiles (DIR/cg.Send.out,
-#     DIR/cg.Recv.out, DIR/cg.Round.out) for callgrind_annotate --auto=yes
+#     DIR/cg.Recv.out, DIR/cg.Round.out, DIR/cg.probe.out, DIR/cg.mprobe.out)
+#     for callgrind_annotate --auto=yes
 set -euo pipefail
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
@@ -36,4 +38,10 @@ done | awk -v m=$((N * 64)) '{ if (!($1 in best) || $2 < best[$1]) best[$1] = $2
 R=$((N * 30))
 CG_ROUNDS=$R GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 timeout 120 valgrind --tool=callgrind --toggle-collect='*cgRound*' --callgrind-out-file="$BIN/cg.Round.out" ./smpml.test -test.run TestCGRoundTrip -test.bench NONE >/dev/null 2>&1
 callgrind_annotate "$BIN/cg.Round.out" 2>/dev/null | awk -v m=$((R * 2)) '/PROGRAM TOTALS/ { gsub(",", "", $1); printf "ping-pong 8 B: %.1f instructions/message (send and receive)\n", $1 / m }'
+# The same ping-pong with a receiver that learns the size from a probe
+# (TestCGProbeRoundTrip): Probe then Recv, and Mprobe then Mrecv.
+for mode in probe mprobe; do
+  CG_MODE=$mode CG_ROUNDS=$R GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 timeout 120 valgrind --tool=callgrind --toggle-collect='*cgProbeRound*' --callgrind-out-file="$BIN/cg.$mode.out" ./smpml.test -test.run TestCGProbeRoundTrip -test.bench NONE >/dev/null 2>&1
+  callgrind_annotate "$BIN/cg.$mode.out" 2>/dev/null | awk -v m=$((R * 2)) -v mode=$mode '/PROGRAM TOTALS/ { gsub(",", "", $1); printf "ping-pong 8 B, %s: %.1f instructions/message\n", mode, $1 / m }'
+done
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp "$BIN"/cg.*.out "$OUT"/; fi

@@ -260,3 +260,77 @@ func TestExchangeAllocations(t *testing.T) {
 	require.Zero(t, allocs[0], "allocations per exchange of two Sendrecv")
 	require.Zero(t, allocs[1], "allocations per exchange of Irecv, Irecv, Isend, Isend, WaitallInto")
 }
+
+// A ping-pong whose receiver learns the size from a probe allocates
+// nothing with Probe and Recv, and with Mprobe only the *Message it
+// returns (one per rank per round trip): the matched probe takes the
+// message without a request of its own, and an eager message gets a done
+// Handle shared as an eager send's is.
+func TestProbeAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	pml.SetResetCheck(false)
+	defer pml.SetResetCheck(true)
+	const runs = 200
+	var allocs [2]float64
+	err := mpi.Run(2, func(w *mpi.Comm) error {
+		rank := w.Rank()
+		peer := 1 - rank
+		out, in := make([]byte, 8), make([]byte, 8)
+		var failed error
+		recvProbe := func() {
+			st, err := w.Probe(peer, 1)
+			if err == nil {
+				_, err = w.Recv(in[:st.Count], st.Source, st.Tag)
+			}
+			if err != nil {
+				failed = err
+			}
+		}
+		recvMprobe := func() {
+			m, st, err := w.Mprobe(peer, 1)
+			if err == nil {
+				_, err = m.Recv(in[:st.Count])
+			}
+			if err != nil {
+				failed = err
+			}
+		}
+		round := func(recv func()) func() {
+			return func() {
+				if rank == 0 {
+					if err := w.Send(out, peer, 1); err != nil {
+						failed = err
+					}
+					recv()
+					return
+				}
+				recv()
+				if err := w.Send(out, peer, 1); err != nil {
+					failed = err
+				}
+			}
+		}
+		probe, mprobe := round(recvProbe), round(recvMprobe)
+		for range 300 {
+			probe()
+			mprobe()
+		}
+		if rank == 0 {
+			allocs[0] = testing.AllocsPerRun(runs, probe)
+			allocs[1] = testing.AllocsPerRun(runs, mprobe)
+		} else {
+			for range runs + 1 {
+				probe()
+			}
+			for range runs + 1 {
+				mprobe()
+			}
+		}
+		return failed
+	})
+	require.NoError(t, err)
+	require.Zero(t, allocs[0], "allocations per round trip of Send and Probe, Recv")
+	require.LessOrEqual(t, allocs[1], 2.0, "allocations per round trip of Send and Mprobe, Message.Recv")
+}

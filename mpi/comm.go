@@ -379,7 +379,7 @@ func (c *Comm) Iprobe(source, tag int) (Status, bool, error) {
 // it with Recv or Irecv (exactly once).
 type Message struct {
 	c    *Comm
-	r    *pml.Request
+	m    pml.Matched
 	null bool
 }
 
@@ -399,11 +399,11 @@ func (c *Comm) MprobeContext(ctx context.Context, source, tag int) (*Message, St
 	if source == ProcNull {
 		return &Message{c: c, null: true}, nullStatus, nil
 	}
-	r, st, err := c.pc.Mprobe(ctx, source, tag)
+	m, st, err := c.pc.Mprobe(ctx, source, tag)
 	if err != nil {
 		return nil, Status{}, err
 	}
-	return &Message{c: c, r: r}, Status(st), nil
+	return &Message{c: c, m: m}, Status(st), nil
 }
 
 // Improbe is the nonblocking Mprobe: ok is false when no message matches now.
@@ -414,11 +414,11 @@ func (c *Comm) Improbe(source, tag int) (*Message, Status, bool, error) {
 	if source == ProcNull {
 		return &Message{c: c, null: true}, nullStatus, true, nil
 	}
-	r, st, ok, err := c.pc.Improbe(source, tag)
+	m, st, ok, err := c.pc.Improbe(source, tag)
 	if err != nil || !ok {
 		return nil, Status{}, ok, err
 	}
-	return &Message{c: c, r: r}, Status(st), true, nil
+	return &Message{c: c, m: m}, Status(st), true, nil
 }
 
 // Recv receives the message into buf.
@@ -442,11 +442,11 @@ func (m *Message) Irecv(buf any) (*Request, error) {
 	if m.null {
 		return doneRequest(nullStatus), nil
 	}
-	r, err := m.c.pc.Mrecv(m.r, b)
+	h, err := m.c.pc.Mrecv(&m.m, b)
 	if err != nil {
 		return nil, err
 	}
-	return (*Request)(pml.HandleOf(r)), nil
+	return (*Request)(h), nil
 }
 
 // Abort ends every rank of the job: in-process (Run), every rank's pending

@@ -154,9 +154,9 @@ func (c *Comm) sentHandle(dest, tag, n int) *Handle {
 	return d
 }
 
-// HandleOf returns a Handle for r, a request the caller made and hands
+// handleOf returns a Handle for r, a request the caller made and hands
 // over (Mrecv's, say).
-func HandleOf(r *Request) *Handle { return &Handle{p: r} }
+func handleOf(r *Request) *Handle { return &Handle{p: r} }
 
 // DoneHandle returns a Handle done with status st.
 func DoneHandle(st Status) *Handle {

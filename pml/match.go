@@ -1,6 +1,11 @@
 package pml
 
-import "github.com/gompi-org/gompi/pml/hdr"
+import (
+	"sync/atomic"
+
+	"github.com/gompi-org/gompi/internal/atom"
+	"github.com/gompi-org/gompi/pml/hdr"
+)
 
 // AnySource and AnyTag are the wildcards (same values as the mpi package).
 const (
@@ -50,6 +55,7 @@ type frag struct {
 	allNext, allPrev *frag // per communicator, arrival order
 	srcNext, srcPrev *frag // per source
 	keyNext, keyPrev *frag // per (source, tag)
+	keyList          *fragList
 	oooNext          *frag // out-of-order list
 }
 
@@ -70,13 +76,25 @@ type matchState struct {
 	srcAny   []reqList        // per source: tag == AnyTag
 	wild     reqList          // source == AnySource
 
-	uAll  fragList
-	uSrc  []fragList
-	uKey  map[key]*fragList
-	nWild int
-	// listFree: uKey lists emptied, for the next key that needs one
-	// (at most listFreeMax).
+	uAll fragList
+	uSrc []fragList
+	// queued counts the messages addUnexpected queued: a spinning Probe
+	// searches the queue again only when it moved. Written under
+	// Engine.mu by a release store (a plain store on amd64), read without.
+	queued atomic.Uint64
+	uKey   map[key]*fragList
+	nWild  int
+	// listFree: uKey lists swept, for the next key that needs one (at
+	// most listFreeMax).
 	listFree []*fragList
+	// uEmpty counts the empty lists in uKey: as the specific lists, an
+	// emptied one stays for the next message with its key (a map insert
+	// and delete per message cost 250 instructions of a Probe-then-Recv
+	// ping-pong's, and a map left empty draws a new hash seed), and a
+	// sweep drops them when they are many. uHot is the list used last.
+	uEmpty  int
+	uHotKey key
+	uHot    *fragList
 
 	empty int // specific lists that are empty (kept for reuse, swept when many)
 
@@ -91,6 +109,9 @@ type matchState struct {
 func (m *matchState) list(k key) *reqList {
 	if m.hot != nil && m.hotKey == k {
 		return m.hot
+	}
+	if len(m.specific) == 0 { // a program that probes before it receives
+		return nil
 	}
 	l := m.specific[k]
 	if l != nil {
@@ -242,6 +263,7 @@ func (m *matchState) findPosted(src, tag int) *Request {
 
 // addUnexpected appends f to the unexpected queues.
 func (m *matchState) addUnexpected(f *frag) {
+	atom.StoreRel64(&m.queued, m.queued.Load()+1)
 	src := int(f.m.Src)
 	f.allPrev, f.allNext = m.uAll.tail, nil
 	if m.uAll.tail != nil {
@@ -259,13 +281,17 @@ func (m *matchState) addUnexpected(f *frag) {
 	}
 	s.tail = f
 	k := key{f.m.Src, f.m.Tag}
-	l := m.uKey[k]
+	l := m.uList(k)
 	if l == nil {
 		if l = popLast(&m.listFree); l == nil {
 			l = &fragList{}
 		}
 		m.uKey[k] = l
+		m.uHotKey, m.uHot = k, l
+	} else if l.head == nil {
+		m.uEmpty--
 	}
+	f.keyList = l
 	f.keyPrev, f.keyNext = l.tail, nil
 	if l.tail != nil {
 		l.tail.keyNext = f
@@ -297,7 +323,7 @@ func (m *matchState) removeUnexpected(f *frag) {
 	} else {
 		s.tail = f.srcPrev
 	}
-	l := m.uKey[key{f.m.Src, f.m.Tag}]
+	l := f.keyList
 	if f.keyPrev != nil {
 		f.keyPrev.keyNext = f.keyNext
 	} else {
@@ -309,12 +335,38 @@ func (m *matchState) removeUnexpected(f *frag) {
 		l.tail = f.keyPrev
 	}
 	if l.head == nil {
-		delete(m.uKey, key{f.m.Src, f.m.Tag})
-		if len(m.listFree) < listFreeMax {
-			m.listFree = append(m.listFree, l)
+		m.uEmpty++
+		if m.uEmpty > minSweep && m.uEmpty > len(m.uKey)/2 {
+			m.sweepUnexpected()
 		}
 	}
-	f.allNext, f.allPrev, f.srcNext, f.srcPrev, f.keyNext, f.keyPrev = nil, nil, nil, nil, nil, nil
+	f.allNext, f.allPrev, f.srcNext, f.srcPrev, f.keyNext, f.keyPrev, f.keyList = nil, nil, nil, nil, nil, nil, nil
+}
+
+// uList returns the unexpected list of k, nil if there is none.
+func (m *matchState) uList(k key) *fragList {
+	if m.uHot != nil && m.uHotKey == k {
+		return m.uHot
+	}
+	l := m.uKey[k]
+	if l != nil {
+		m.uHotKey, m.uHot = k, l
+	}
+	return l
+}
+
+// sweepUnexpected drops the empty unexpected lists.
+func (m *matchState) sweepUnexpected() {
+	for k, l := range m.uKey {
+		if l.head == nil {
+			delete(m.uKey, k)
+			if len(m.listFree) < listFreeMax {
+				m.listFree = append(m.listFree, l)
+			}
+		}
+	}
+	m.uEmpty = 0
+	m.uHot = nil
 }
 
 // findUnexpected returns the earliest unexpected message matching (src, tag).
@@ -331,7 +383,7 @@ func (m *matchState) findUnexpected(src, tag int) *frag {
 func (m *matchState) searchUnexpected(src, tag int) *frag {
 	switch {
 	case src != AnySource && tag != AnyTag:
-		if l := m.uKey[key{int32(src), int32(tag)}]; l != nil {
+		if l := m.uList(key{int32(src), int32(tag)}); l != nil {
 			return l.head
 		}
 	case src != AnySource:

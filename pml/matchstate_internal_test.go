@@ -58,7 +58,22 @@ func TestPostedListsDoNotAccumulate(t *testing.T) {
 	}
 	e := c[0].e
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	require.LessOrEqual(t, len(c[0].m.specific), minSweep+1, "posted lists left for tags no receive waits on")
 	require.Equal(t, 0, len(c[0].m.uKey), "unexpected lists left")
+	e.mu.Unlock()
+	// Messages on ever new tags that arrive before their receives: the
+	// emptied unexpected lists are swept too.
+	for tag := range 1000 {
+		buf[0] = byte(tag)
+		require.NoError(t, c[1].Send(Buffer{Bytes: buf}, 0, 200000+tag, Standard))
+		got := make([]byte, 8)
+		st, err := c[0].Recv(Buffer{Bytes: got}, 1, 200000+tag)
+		require.NoError(t, err)
+		require.Equal(t, 200000+tag, st.Tag)
+		require.Equal(t, byte(tag), got[0])
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	require.Nil(t, c[0].m.uAll.head)
+	require.LessOrEqual(t, len(c[0].m.uKey), minSweep+1, "unexpected lists left for tags no message waits on")
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
+	"github.com/gompi-org/gompi/pml/hdr"
 )
 
 // The common path of a receive: posting it (Irecv, Recv, the probes),
@@ -103,8 +104,10 @@ func (e *Engine) putSpare(r *Request) {
 }
 
 // postPlain is postRecv's common case under one hold of the lock: a
-// receive of contiguous bytes from a specific source and tag, with
-// nothing unexpected, failed, closed or to start in the way. r is a clean
+// receive of contiguous bytes from a specific source and tag, with no
+// unexpected message of that source and tag (but a blocking Recv's of
+// eager data, taken at once), nothing failed, closed or to start in the
+// way. r is a clean
 // request, or nil for one from the free list (an Irecv's, which counts
 // for yieldEvery). The sink is s, or with handle a new Handle's, made
 // with the lock held once the receive is sure to be posted (IrecvHandle).
@@ -116,9 +119,26 @@ func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *sink, handle boo
 		return nil, nil
 	}
 	e.mu.Lock()
-	if c.m.uAll.head != nil || len(e.toStart) > 0 || e.troubled.Load() || c.check() != nil {
+	if len(e.toStart) > 0 || e.troubled.Load() || c.check() != nil {
 		e.mu.Unlock()
 		return nil, nil
+	}
+	if c.m.uAll.head != nil {
+		if f := c.m.searchUnexpected(src, tag); f != nil {
+			// The message is here (a Recv after a Probe, say). A
+			// blocking Recv's request takes eager data at once; the
+			// other cases are postRecv's.
+			if f.typ != hdr.TypeMatch || r == nil || s != nil || handle {
+				e.mu.Unlock()
+				return nil, nil
+			}
+			r.kind, r.comm, r.peer, r.tag, r.buf.Bytes = kindRecv, c, src, tag, b
+			e.takeUnexpectedLocked(c, f)
+			c.deliverEager(r, f.m.Src, f.m.Tag, f.m.Seq, f.peer, f.data)
+			e.freeFrag(f)
+			e.unlockFlush()
+			return r, nil
+		}
 	}
 	irecv := r == nil
 	if irecv {
@@ -231,8 +251,13 @@ func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind
 // Iprobe reports whether a message matching (src, tag) can be received,
 // without receiving it.
 func (c *Comm) Iprobe(src, tag int) (Status, bool, error) {
+	c.e.Progress()
+	return c.look(src, tag)
+}
+
+// look is Iprobe without the progress call.
+func (c *Comm) look(src, tag int) (Status, bool, error) {
 	e := c.e
-	e.Progress()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err := c.check(); err != nil {
@@ -250,7 +275,30 @@ func (c *Comm) Iprobe(src, tag int) (Status, bool, error) {
 }
 
 // Probe blocks until a message matching (src, tag) can be received.
+//
+// While the wait spins it looks at the unexpected queue, after each poll
+// that queued a message there, rather than posting a probe: the message
+// goes to that queue either way (the receive that follows takes it from
+// there), and posting and withdrawing a probe request doubled the
+// instructions of a Probe-then-Recv ping-pong. A wait that outlasts the
+// spin posts the probe and parks.
 func (c *Comm) Probe(ctx context.Context, src, tag int) (Status, error) {
+	var st Status
+	var found bool
+	var err error
+	seen := c.m.queued.Load()
+	if st, found, err = c.look(src, tag); found || err != nil {
+		return st, err
+	}
+	if c.e.spinWait(nil, func() bool {
+		if q := c.m.queued.Load(); q != seen {
+			seen = q
+			st, found, err = c.look(src, tag)
+		}
+		return found || err != nil
+	}, 0, false) {
+		return st, err
+	}
 	r := newReq(true)
 	defer recycle(r)
 	if _, err := c.postRecv(r, nil, nil, src, tag, kindProbe, nil); err != nil {
@@ -263,16 +311,24 @@ func (c *Comm) Probe(ctx context.Context, src, tag int) (Status, error) {
 	return r.status, r.err
 }
 
+// Matched is a message a matched probe took out of matching, for Mrecv
+// to receive (once).
+type Matched struct{ f *frag }
+
 // Improbe is a matched probe: a matching message is removed from matching
-// and returned as a request to receive with Mrecv. ok is false when there
-// is none now.
-func (c *Comm) Improbe(src, tag int) (*Request, Status, bool, error) {
+// and returned for Mrecv. ok is false when there is none now.
+func (c *Comm) Improbe(src, tag int) (Matched, Status, bool, error) {
+	c.e.Progress()
+	return c.take(src, tag)
+}
+
+// take is Improbe without the progress call.
+func (c *Comm) take(src, tag int) (Matched, Status, bool, error) {
 	e := c.e
-	e.Progress()
 	e.mu.Lock()
 	if err := c.check(); err != nil {
 		e.mu.Unlock()
-		return nil, Status{}, false, err
+		return Matched{}, Status{}, false, err
 	}
 	f := c.m.findUnexpected(src, tag)
 	if f == nil {
@@ -281,53 +337,91 @@ func (c *Comm) Improbe(src, tag int) (*Request, Status, bool, error) {
 			err = c.recvFailureLocked(src, tag)
 		}
 		e.mu.Unlock()
-		return nil, Status{}, false, err
+		return Matched{}, Status{}, false, err
 	}
 	e.takeUnexpectedLocked(c, f)
 	e.unlockFlush()
-	r := newReq(false)
-	r.kind, r.comm, r.frag = kindMprobe, c, f
-	st := Status{Source: int(f.m.Src), Tag: int(f.m.Tag), Count: f.msgLen}
-	r.complete(st, nil)
-	return r, st, true, nil
+	return Matched{f}, Status{Source: int(f.m.Src), Tag: int(f.m.Tag), Count: f.msgLen}, true, nil
 }
 
-// Mprobe blocks until a matching message arrives and removes it from matching.
-func (c *Comm) Mprobe(ctx context.Context, src, tag int) (*Request, Status, error) {
-	r := newReq(false)
+// Mprobe blocks until a matching message arrives and removes it from
+// matching. As Probe, it looks at the unexpected queue while its wait
+// spins, and posts a matched probe only to park.
+func (c *Comm) Mprobe(ctx context.Context, src, tag int) (Matched, Status, error) {
+	var m Matched
+	var st Status
+	var found bool
+	var err error
+	seen := c.m.queued.Load()
+	if m, st, found, err = c.take(src, tag); found || err != nil {
+		return m, st, err
+	}
+	if c.e.spinWait(nil, func() bool {
+		if q := c.m.queued.Load(); q != seen {
+			seen = q
+			m, st, found, err = c.take(src, tag)
+		}
+		return found || err != nil
+	}, 0, false) {
+		return m, st, err
+	}
+	r := newReq(true)
 	if _, err := c.postRecv(r, nil, nil, src, tag, kindMprobe, nil); err != nil {
-		return nil, Status{}, err
+		recycleUnstarted(r)
+		return Matched{}, Status{}, err
 	}
 	if err := c.e.Wait(ctx, r); err != nil {
 		if c.Cancel(r) {
-			return nil, Status{}, err
+			recycle(r)
+			return Matched{}, Status{}, err
 		}
 		c.e.Wait(nil, r) // matched meanwhile: the message is ours
 	}
-	if r.err != nil {
-		return nil, Status{}, r.err
+	m, st, err = Matched{r.frag}, r.status, r.err
+	r.frag = nil
+	recycle(r)
+	if err != nil {
+		return Matched{}, Status{}, err
 	}
-	return r, r.status, nil
+	return m, st, nil
 }
 
-// Mrecv receives the message a matched probe returned into buf.
-func (c *Comm) Mrecv(m *Request, buf Buffer) (*Request, error) {
-	if m == nil || m.kind != kindMprobe || m.frag == nil {
+// Mrecv receives the message a matched probe returned into buf. A message
+// delivered within the call (eager) gets a Handle done at once, shared as
+// a send's is (sentHandle): the same status, and nothing to allocate.
+func (c *Comm) Mrecv(m *Matched, buf Buffer) (*Handle, error) {
+	if m == nil || m.f == nil {
 		return nil, mpierr.Errorf(mpierr.ErrArg, "message already received or not from a matched probe")
 	}
+	f := m.f
+	m.f = nil
 	e := c.e
+	if f.typ == hdr.TypeMatch && buf.Conv == nil && len(f.data) <= len(buf.Bytes) && !e.countStats {
+		// Eager bytes that fit, the common case: deliverEager's
+		// storing without a request to complete.
+		n := copy(buf.Bytes, f.data)
+		src, tag := int(f.m.Src), int(f.m.Tag)
+		e.mu.Lock()
+		e.freeFrag(f)
+		e.mu.Unlock()
+		return c.sentHandle(src, tag, n), nil
+	}
 	r := newReq(true)
-	r.kind, r.comm, r.buf, r.peer, r.tag = kindRecv, c, buf, int(m.frag.m.Src), int(m.frag.m.Tag)
-	f := m.frag
-	m.frag = nil
+	r.kind, r.comm, r.buf, r.peer, r.tag = kindRecv, c, buf, int(f.m.Src), int(f.m.Tag)
 	e.mu.Lock()
 	e.deliver(r, f)
+	e.freeFrag(f)
 	start := len(e.toStart) > 0
 	e.mu.Unlock()
 	if start {
 		e.runStarts()
 	}
-	return r, nil
+	if r.Done() && r.err == nil && r.poolable() {
+		st := r.status
+		recycle(r)
+		return c.sentHandle(st.Source, st.Tag, st.Count), nil
+	}
+	return handleOf(r), nil
 }
 
 // Cancel cancels a receive or probe that has not matched yet; true if it

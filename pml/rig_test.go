@@ -303,7 +303,7 @@ func wild(v, w int) string {
 	return fmt.Sprint(v)
 }
 
-// track adds a request made outside isend/irecv (Mrecv's, as pml.HandleOf).
+// track adds a request made outside isend/irecv (Mrecv's).
 func (g *rig) track(name string, r *pml.Handle, gb *guarded, want []byte) *tracked {
 	tr := &tracked{name: name, r: r, g: gb}
 	if want != nil && gb != nil {

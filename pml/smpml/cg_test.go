@@ -1,6 +1,7 @@
 package smpml
 
 import (
+	"context"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -159,6 +160,64 @@ func cgRound(t *testing.T, c0, c1 *pml.Comm, b0, b1 pml.Buffer) {
 		t.Fatal(err)
 	}
 	if _, err := c0.Recv(b0, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCGProbeRoundTrip is TestCGRoundTrip for a receiver that learns the
+// size from a probe: Probe then Recv, or with CG_MODE=mprobe, Mprobe then
+// Mrecv, as mpi makes them (bench/instr.sh).
+func TestCGProbeRoundTrip(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("CG_ROUNDS"))
+	if n == 0 {
+		t.Skip("CG_ROUNDS not set")
+	}
+	c0, c1 := pmlPair(t, [2]string{"pml_wait_spin", "1s"})
+	b0, b1 := pml.Buffer{Bytes: make([]byte, 8)}, pml.Buffer{Bytes: make([]byte, 8)}
+	growStack(64)
+	runtime.GC()
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	recv := cgProbeRecv
+	if os.Getenv("CG_MODE") == "mprobe" {
+		recv = cgMprobeRecv
+	}
+	for range n {
+		cgProbeRound(t, c0, c1, b0, b1, recv)
+	}
+}
+
+//go:noinline
+func cgProbeRound(t *testing.T, c0, c1 *pml.Comm, b0, b1 pml.Buffer, recv func(*testing.T, *pml.Comm, pml.Buffer, int)) {
+	if err := c0.Send(b0, 1, 1, pml.Standard); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, c1, b1, 0)
+	if err := c1.Send(b1, 0, 1, pml.Standard); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, c0, b0, 1)
+}
+
+func cgProbeRecv(t *testing.T, c *pml.Comm, b pml.Buffer, src int) {
+	st, err := c.Probe(context.Background(), src, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Recv(pml.Buffer{Bytes: b.Bytes[:st.Count]}, st.Source, st.Tag); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func cgMprobeRecv(t *testing.T, c *pml.Comm, b pml.Buffer, src int) {
+	m, st, err := c.Mprobe(context.Background(), src, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Mrecv(&m, pml.Buffer{Bytes: b.Bytes[:st.Count]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Wait(nil); err != nil {
 		t.Fatal(err)
 	}
 }
