@@ -77,6 +77,11 @@ func (e *Engine) startRecv(r *Request) {
 	// sender we matched, which completes a synchronous send).
 	e.sendAck(r, r.received, 0, hdr.FlagNoRDMA)
 	e.mu.Lock()
+	if !r.slow && !r.mpiDone && r.received >= r.msgLen && r.inflight == 0 {
+		// Everything arrived with the RNDV: this completes r, and
+		// nothing touches it afterwards (as in onFin's).
+		r.quiet = true
+	}
 	e.checkRecvLocked(r)
 	e.mu.Unlock()
 }

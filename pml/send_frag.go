@@ -251,9 +251,21 @@ func (e *Engine) onAck(ep btl.Endpoint, b, _ []byte) {
 		// The receiver declined the get: everything goes by copy.
 		r.delivered = 0
 	}
+	// An ACK that completes r (everything sent and nothing in flight: a
+	// synchronous send whose RNDV carried the whole message, say) is the
+	// last of the engine to hold it, and schedSend, with nothing to send,
+	// is left out: r can go back to the pool instead of to the garbage
+	// collector (gompi-bench's Ssend ping-pong allocated two 440-byte
+	// requests per message).
+	last := !r.pmlDone && !r.mpiDone && !r.slow && r.delivered >= r.msgLen && r.inflight == 0 && len(r.ranges) == 0
+	if last {
+		r.quiet = true
+	}
 	e.checkSendLocked(r)
 	e.mu.Unlock()
-	e.schedSend(r)
+	if !last {
+		e.schedSend(r)
+	}
 }
 
 // onPut: the receiver asks for an RDMA write of [off, off+size) into handle.

@@ -1,22 +1,22 @@
 #!/bin/bash
-# probe.sh - a blocking ping-pong whose receiver learns the size from a
-# probe (bench/probe: Probe then Recv, Mprobe then Message.Recv, or a Recv
-# from AnySource with AnyTag for comparison) in gompi and in Open MPI on
-# this machine, side by side: ROUNDS rounds, each running every
-# combination of transport and mode once for each library, back to back.
-# Prints, per combination, the median half round trip of each library and
-# gompi/Open MPI.
+# shapes.sh - blocking calls in the shapes a plain ping-pong leaves out
+# (bench/shapes: a receiver that learns the size from Probe or Mprobe, one
+# that receives from AnySource with AnyTag, synchronous sends, Barrier),
+# 2 ranks, in gompi and in Open MPI on this machine, side by side: ROUNDS
+# rounds, each running every combination of transport and mode once for
+# each library, back to back. Prints, per combination, the median half
+# round trip (the whole Barrier) of each library and gompi/Open MPI.
 #
-# Usage: bench/probe.sh [ROUNDS]   (default 5; from the repository root)
-#   BTLS="sm tcp" MODES="probe mprobe any" SIZE=8 ITERS=200000 bench/probe.sh
-#   QUIET_NS=60 bench/probe.sh   each pair of runs waits (up to a minute)
+# Usage: bench/shapes.sh [ROUNDS]   (default 5; from the repository root)
+#   BTLS="sm tcp" MODES="probe mprobe any ssend barrier" SIZE=8 ITERS=200000 bench/shapes.sh
+#   QUIET_NS=60 bench/shapes.sh   each pair of runs waits (up to a minute)
 #     for the anchor's cache-line probe to read below 60 ns, and runs again
 #     (at most three tries) when the probe after it does not (bench/ab.sh)
 # Needs: apt-get install -y openmpi-bin libopenmpi-dev; Go.
 set -euo pipefail
 ROUNDS=${1:-5}
 BTLS=${BTLS:-sm tcp}
-MODES=${MODES:-probe mprobe any}
+MODES=${MODES:-probe mprobe any ssend barrier}
 SIZE=${SIZE:-8}
 ITERS=${ITERS:-200000}
 QUIET_NS=${QUIET_NS:-0}
@@ -29,9 +29,9 @@ quiet() {
 	awk -v p="$(timeout 30 "$BIN/c2c" | tail -1 || echo 9999)" -v q="$QUIET_NS" 'BEGIN { exit !(p + 0 < q + 0) }'
 }
 go build -o "$BIN/gorun" ./cmd/gorun
-go build -o "$BIN/probe" ./bench/probe
-mpicc.openmpi -O2 -Wall -o "$BIN/probe-ompi" bench/probe.c
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $ROUNDS rounds, $SIZE B, $ITERS round trips"
+go build -o "$BIN/shapes" ./bench/shapes
+mpicc.openmpi -O2 -Wall -o "$BIN/shapes-ompi" bench/shapes.c
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $ROUNDS rounds, $SIZE B, $ITERS steps"
 for r in $(seq "$ROUNDS"); do
 	for t in $BTLS; do
 		ob=$t
@@ -39,8 +39,8 @@ for r in $(seq "$ROUNDS"); do
 		for m in $MODES; do
 			for try in 1 2 3; do
 				for w in $(seq 60); do quiet && break; sleep 1; done
-				g=$(timeout 300 "$BIN/gorun" -np 2 --btl "self,$t" "$BIN/probe" -iters "$ITERS" -size "$SIZE" -mode "$m" | awk '/ us$/ { print $(NF-1) }')
-				o=$(timeout 300 mpirun.openmpi --allow-run-as-root -np 2 --mca btl "self,$ob" "$BIN/probe-ompi" "$ITERS" "$SIZE" "$m" 2>/dev/null | awk '/ us$/ { print $(NF-1) }')
+				g=$(timeout 300 "$BIN/gorun" -np 2 --btl "self,$t" "$BIN/shapes" -iters "$ITERS" -size "$SIZE" -mode "$m" | awk '/ us$/ { print $(NF-1) }')
+				o=$(timeout 300 mpirun.openmpi --allow-run-as-root -np 2 --mca btl "self,$ob" "$BIN/shapes-ompi" "$ITERS" "$SIZE" "$m" 2>/dev/null | awk '/ us$/ { print $(NF-1) }')
 				quiet && break
 			done
 			echo "r$r $t $m gompi=$g ompi=$o"
