@@ -19,11 +19,9 @@ set -euo pipefail
 [ $# -ge 4 ] || { sed -n '2,17p' "$0"; exit 2; }
 ROUNDS=$1 MODE=$2 SIZES=$3
 shift 3
-ANCHOR=${ANCHOR:-/work/shared/anchor}
-QUIET_NS=${QUIET_NS:-0}
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
-gcc -O2 -o "$BIN/c2c" "$ANCHOR/c2c.c" -lpthread
+. bench/gate.sh
 go build -o "$BIN/gorun" ./cmd/gorun
 for b in "$@"; do
   if [ "$b" = ompi ]; then
@@ -31,10 +29,6 @@ for b in "$@"; do
     mpicc.openmpi -O2 -o "$BIN/ompi-rate" bench/ompi-rate.c
   fi
 done
-quiet() {
-  [ "$QUIET_NS" = 0 ] && return 0
-  awk -v p="$(timeout 30 "$BIN/c2c" || echo 9999)" -v q="$QUIET_NS" 'BEGIN { exit !(p + 0 < q + 0) }'
-}
 one() { # BUILD: the run's "size=value " pairs
   if [ "$1" = ompi ]; then
     timeout 120 mpirun.openmpi --allow-run-as-root --oversubscribe -np 2 --mca btl self,vader \

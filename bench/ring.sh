@@ -21,15 +21,9 @@ BTLS=${BTLS:-sm tcp}
 MODES=${MODES:-sr nb isr}
 SIZE=${SIZE:-8}
 STEPS=${STEPS:-20000}
-QUIET_NS=${QUIET_NS:-0}
-ANCHOR=${ANCHOR:-/work/shared/anchor}
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
-gcc -O2 -o "$BIN/c2c" "$ANCHOR/c2c.c" -lpthread
-quiet() {
-	[ "$QUIET_NS" = 0 ] && return 0
-	awk -v p="$(timeout 30 "$BIN/c2c" | tail -1 || echo 9999)" -v q="$QUIET_NS" 'BEGIN { exit !(p + 0 < q + 0) }'
-}
+. bench/gate.sh
 go build -o "$BIN/gorun" ./cmd/gorun
 go build -o "$BIN/ring" ./bench/ring
 mpicc.openmpi -O2 -Wall -o "$BIN/ring-ompi" bench/ring.c

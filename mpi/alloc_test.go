@@ -243,17 +243,7 @@ func TestExchangeAllocations(t *testing.T) {
 			sendrecv()
 			nonblocking()
 		}
-		if w.Rank() == 0 {
-			allocs[0] = testing.AllocsPerRun(runs, sendrecv)
-			allocs[1] = testing.AllocsPerRun(runs, nonblocking)
-		} else {
-			for range runs + 1 {
-				sendrecv()
-			}
-			for range runs + 1 {
-				nonblocking()
-			}
-		}
+		lockstep(w, runs, allocs[:], sendrecv, nonblocking)
 		return failed
 	})
 	require.NoError(t, err)
@@ -317,20 +307,25 @@ func TestProbeAllocations(t *testing.T) {
 			probe()
 			mprobe()
 		}
-		if rank == 0 {
-			allocs[0] = testing.AllocsPerRun(runs, probe)
-			allocs[1] = testing.AllocsPerRun(runs, mprobe)
-		} else {
-			for range runs + 1 {
-				probe()
-			}
-			for range runs + 1 {
-				mprobe()
-			}
-		}
+		lockstep(w, runs, allocs[:], probe, mprobe)
 		return failed
 	})
 	require.NoError(t, err)
 	require.Zero(t, allocs[0], "allocations per round trip of Send and Probe, Recv")
 	require.LessOrEqual(t, allocs[1], 2.0, "allocations per round trip of Send and Mprobe, Message.Recv")
+}
+
+// lockstep runs each of fs runs+1 times on every rank of w, as rank 0's
+// testing.AllocsPerRun does, and stores rank 0's averages in allocs (the
+// process's allocations, both ranks' in an in-process job).
+func lockstep(w *mpi.Comm, runs int, allocs []float64, fs ...func()) {
+	for i, f := range fs {
+		if w.Rank() == 0 {
+			allocs[i] = testing.AllocsPerRun(runs, f)
+			continue
+		}
+		for range runs + 1 {
+			f()
+		}
+	}
 }
