@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
 	"github.com/gompi-org/gompi/internal/sys"
@@ -403,7 +404,36 @@ func (c *Comm) MprobeContext(ctx context.Context, source, tag int) (*Message, St
 	if err != nil {
 		return nil, Status{}, err
 	}
-	return &Message{c: c, m: m}, Status(st), nil
+	msg := newMessage()
+	msg.c, msg.m = c, m
+	return msg, Status(st), nil
+}
+
+// messageSlab is a chunk of Messages that Mprobe and Improbe hand out,
+// n of them taken.
+type messageSlab struct {
+	s [32]Message
+	n int
+}
+
+// messageFree is the slab being handed out; a goroutine takes it out while
+// it takes a Message (one that finds none starts a new slab).
+var messageFree atomic.Pointer[messageSlab]
+
+// newMessage returns a zero Message from the current slab. An allocation
+// of its own, on the path from a matched probe to the receive, made a
+// ping-pong of Mprobe and Message.Recv over sm 10% slower (0.29-0.37
+// against 0.26 us, six alternated gated runs of bench/shapes -mode
+// mprobe). A Message keeps its slab (about 800 bytes) alive.
+func newMessage() *Message {
+	sl := messageFree.Swap(nil)
+	if sl == nil || sl.n == len(sl.s) {
+		sl = new(messageSlab)
+	}
+	m := &sl.s[sl.n]
+	sl.n++
+	messageFree.Store(sl)
+	return m
 }
 
 // Improbe is the nonblocking Mprobe: ok is false when no message matches now.
@@ -418,7 +448,9 @@ func (c *Comm) Improbe(source, tag int) (*Message, Status, bool, error) {
 	if err != nil || !ok {
 		return nil, Status{}, ok, err
 	}
-	return &Message{c: c, m: m}, Status(st), true, nil
+	msg := newMessage()
+	msg.c, msg.m = c, m
+	return msg, Status(st), true, nil
 }
 
 // Recv receives the message into buf.
