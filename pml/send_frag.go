@@ -63,6 +63,18 @@ func (e *Engine) sendChunk(r *Request, p *peer, t hdr.Type, h []byte, off, n int
 	e.mu.Lock()
 	r.inflight++
 	e.mu.Unlock()
+	if t == hdr.TypeRndv && n == r.msgLen && n <= ImmediateMax && r.buf.Conv == nil && p.caps&btl.CapSendImmediate != 0 {
+		// A RNDV that carries a whole small message (a synchronous
+		// send's) and that the transport takes at once needs no
+		// completion callback, whose closure is an allocation on the way
+		// to the ACK (bench/shapes -mode ssend over sm, six alternated
+		// runs gated on the cache-line probe: 0.59-0.75 against
+		// 0.66-0.84 us, every run faster).
+		if e.sendImmTo(p.world, p.ep, btl.Tag(t), h, r.buf.Bytes[:n]) == nil {
+			e.sendDone(r, n, nil)
+			return nil
+		}
+	}
 	cb := func(err error) { e.sendDone(r, n, err) }
 	var done bool
 	var err error
