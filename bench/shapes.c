@@ -1,10 +1,11 @@
 /* shapes.c - bench/shapes in C for an MPI library, between 2 ranks: a
  * blocking ping-pong whose receiver learns the size from a probe (Probe
  * and Recv, or Mprobe and Mrecv), receives from MPI_ANY_SOURCE with
- * MPI_ANY_TAG, or whose sends are MPI_Ssend; or a loop of MPI_Barrier.
+ * MPI_ANY_TAG, polls an Irecv with MPI_Test or waits with MPI_Waitany, or
+ * whose sends are MPI_Ssend; or a loop of MPI_Barrier.
  * Rank 0 prints half the round trip (the whole call for barrier).
  *
- *   mpirun -np 2 ./shapes ITERS SIZE probe|mprobe|any|ssend|barrier
+ *   mpirun -np 2 ./shapes ITERS SIZE probe|mprobe|any|test|waitany|ssend|barrier
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -26,6 +27,17 @@ static void receive(const char *mode, char *in, int size, int peer)
         MPI_Mrecv(in, n, MPI_BYTE, &m, MPI_STATUS_IGNORE);
     } else if (strcmp(mode, "any") == 0) {
         MPI_Recv(in, size, MPI_BYTE, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else if (strcmp(mode, "test") == 0) {
+        MPI_Request r;
+        int done = 0;
+        MPI_Irecv(in, size, MPI_BYTE, peer, 1, MPI_COMM_WORLD, &r);
+        while (!done)
+            MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    } else if (strcmp(mode, "waitany") == 0) {
+        MPI_Request r;
+        int idx;
+        MPI_Irecv(in, size, MPI_BYTE, peer, 1, MPI_COMM_WORLD, &r);
+        MPI_Waitany(1, &r, &idx, MPI_STATUS_IGNORE);
     } else {
         MPI_Recv(in, size, MPI_BYTE, peer, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     }

@@ -1,14 +1,15 @@
 #!/bin/bash
 # shapes.sh - blocking calls in the shapes a plain ping-pong leaves out
 # (bench/shapes: a receiver that learns the size from Probe or Mprobe, one
-# that receives from AnySource with AnyTag, synchronous sends, Barrier),
+# that receives from AnySource with AnyTag, one that polls with Test or
+# waits with Waitany, synchronous sends, Barrier),
 # 2 ranks, in gompi and in Open MPI on this machine, side by side: ROUNDS
 # rounds, each running every combination of transport and mode once for
 # each library, back to back. Prints, per combination, the median half
 # round trip (the whole Barrier) of each library and gompi/Open MPI.
 #
 # Usage: bench/shapes.sh [ROUNDS]   (default 5; from the repository root)
-#   BTLS="sm tcp" MODES="probe mprobe any ssend barrier" SIZE=8 ITERS=200000 bench/shapes.sh
+#   BTLS="sm tcp" MODES="probe mprobe any test waitany ssend barrier" SIZE=8 ITERS=200000 bench/shapes.sh
 #   QUIET_NS=60 bench/shapes.sh   each pair of runs waits (up to a minute)
 #     for the anchor's cache-line probe to read below 60 ns, and runs again
 #     (at most three tries) when the probe after it does not (bench/ab.sh)
@@ -16,7 +17,7 @@
 set -euo pipefail
 ROUNDS=${1:-5}
 BTLS=${BTLS:-sm tcp}
-MODES=${MODES:-probe mprobe any ssend barrier}
+MODES=${MODES:-probe mprobe any test waitany ssend barrier}
 SIZE=${SIZE:-8}
 ITERS=${ITERS:-200000}
 BIN=$(mktemp -d)

@@ -2,8 +2,10 @@
 // out, between 2 ranks: a ping-pong whose receiver learns the size from
 // a probe (-mode probe: Probe, then Recv of the probed count; -mode
 // mprobe: Mprobe, then Message.Recv), one that receives from AnySource
-// with AnyTag (-mode any), one whose sends are synchronous (-mode ssend:
-// Ssend, Recv), and a loop of Barrier (-mode barrier). Rank 0 prints
+// with AnyTag (-mode any), one that polls its receive with Test (-mode
+// test: Irecv, then Test until done) or waits with Waitany (-mode
+// waitany), one whose sends are synchronous (-mode ssend: Ssend, Recv),
+// and a loop of Barrier (-mode barrier). Rank 0 prints
 // half the round trip (the whole call for barrier). bench/shapes.c is the
 // same program in C for an MPI library; bench/shapes.sh runs both side by
 // side.
@@ -23,7 +25,7 @@ import (
 func main() {
 	iters := flag.Int("iters", 200000, "round trips (or barriers) timed, after 20000 not timed")
 	size := flag.Int("size", 8, "bytes per message")
-	mode := flag.String("mode", "probe", "probe, mprobe, any, ssend or barrier")
+	mode := flag.String("mode", "probe", "probe, mprobe, any, test, waitany, ssend or barrier")
 	flag.Parse()
 	if err := run(*iters, *size, *mode); err != nil {
 		fmt.Fprintln(os.Stderr, "shapes:", err)
@@ -33,9 +35,9 @@ func main() {
 
 func run(iters, size int, mode string) error {
 	switch mode {
-	case "probe", "mprobe", "any", "ssend", "barrier":
+	case "probe", "mprobe", "any", "test", "waitany", "ssend", "barrier":
 	default:
-		return fmt.Errorf("-mode %q: want probe, mprobe, any, ssend or barrier", mode)
+		return fmt.Errorf("-mode %q: want probe, mprobe, any, test, waitany, ssend or barrier", mode)
 	}
 	w, err := mpi.Init()
 	if err != nil {
@@ -47,6 +49,7 @@ func run(iters, size int, mode string) error {
 	rank := w.Rank()
 	peer := 1 - rank
 	out, in := make([]byte, size), make([]byte, size)
+	reqs := make([]*mpi.Request, 1)
 	recv := func() error {
 		switch mode {
 		case "probe":
@@ -65,6 +68,22 @@ func run(iters, size int, mode string) error {
 			return err
 		case "any":
 			_, err := w.Recv(in, mpi.AnySource, mpi.AnyTag)
+			return err
+		case "test":
+			r, err := w.Irecv(in, peer, 1)
+			for err == nil {
+				var done bool
+				if _, done, err = r.Test(); done {
+					break
+				}
+			}
+			return err
+		case "waitany":
+			var err error
+			if reqs[0], err = w.Irecv(in, peer, 1); err != nil {
+				return err
+			}
+			_, _, err = mpi.Waitany(reqs)
 			return err
 		}
 		_, err := w.Recv(in, peer, 1)
