@@ -186,6 +186,9 @@ func Waitany(reqs []*Request) (int, Status, error) {
 			return takeResult(reqs, i)
 		}
 	}
+	if i := pml.SpinAny(len(reqs), func(i int) *pml.Handle { return reqs[i].h() }); i >= 0 {
+		return takeResult(reqs, i)
+	}
 	var e *pml.Engine
 	prs := make([]*pml.Request, len(reqs))
 	for i, r := range reqs {

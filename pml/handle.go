@@ -377,6 +377,43 @@ func (h *Handle) spinSink(e *Engine, more bool) bool {
 	return e.spinWait(nil, func() bool { return h.s.State.Load()&sinkGone != 0 }, 0, more && h.s.State.Load()&sinkSmall != 0)
 }
 
+// SpinAny polls the process's one engine, for as long as a wait spins,
+// until one of n Handles (at(i) for i < n; nil ones skipped) is done, and
+// returns its index: Waitany's common case, without the use counts of
+// Acquire and Release (spinSink says why). It returns -1 when the spin
+// ends first, or at once when the process has several engines or a
+// Handle is not a receive's in sink mode: the caller then waits the
+// general way.
+func SpinAny(n int, at func(int) *Handle) int {
+	e := engines.sole.Load()
+	if e == nil {
+		return -1
+	}
+	live := false
+	for i := range n {
+		if h := at(i); h != nil {
+			if h.p == nil || h.s.State.Load()&sinkMode == 0 {
+				return -1
+			}
+			live = true
+		}
+	}
+	if !live {
+		return -1
+	}
+	found := -1
+	e.spinWait(nil, func() bool {
+		for i := range n {
+			if h := at(i); h != nil && h.s.State.Load()&sinkGone != 0 {
+				found = i
+				return true
+			}
+		}
+		return false
+	}, 0, false)
+	return found
+}
+
 // smallFlag is sinkSmall for a receive of size bytes that waitMore would
 // pause for.
 func smallFlag(size int) uint32 {

@@ -13,7 +13,8 @@ import (
 
 // TestConform runs the conformance program (every size from 0 B to 16 MiB
 // between every pair, byte checks, order of interleaved eager/rendezvous
-// messages to an AnyTag receiver, AnySource, a ring of persistent requests
+// messages to an AnyTag receiver, AnySource, receives completed by Waitany,
+// Waitsome and loops of Test, a ring of persistent requests
 // and of SendrecvReplace, and vector, indexed, struct-with-holes and
 // subarray datatypes both ways) over every transport.
 func TestConform(t *testing.T) {

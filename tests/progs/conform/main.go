@@ -145,6 +145,101 @@ func asyncProgress(w *mpi.Comm) error {
 	return nil
 }
 
+// completions: rank 1 sends rank 0 messages of several sizes (eager and
+// rendezvous) on as many tags, in reverse tag order, rounds of them; rank
+// 0 receives each round with Irecvs completed by Waitany, by Waitsome and
+// by a loop of Test, and checks that every request completes once, with
+// its own message.
+func completions(w *mpi.Comm) error {
+	const tag0 = 4500
+	sizes := []int{0, 8, 300, 70000, 1 << 20}
+	modes := []string{"Waitany", "Waitsome", "Test"}
+	switch w.Rank() {
+	case 1:
+		for round := range modes {
+			for k := len(sizes) - 1; k >= 0; k-- {
+				if err := w.Send(pattern(sizes[k], 40+10*round+k), 0, tag0+k); err != nil {
+					return err
+				}
+			}
+		}
+	case 0:
+		for round, mode := range modes {
+			bufs := make([][]byte, len(sizes))
+			reqs := make([]*mpi.Request, len(sizes))
+			for k, sz := range sizes {
+				bufs[k] = make([]byte, sz)
+				r, err := w.Irecv(bufs[k], 1, tag0+k)
+				if err != nil {
+					return err
+				}
+				reqs[k] = r
+			}
+			seen := make([]bool, len(sizes))
+			done := func(k int, st mpi.Status) error {
+				if seen[k] {
+					return fmt.Errorf("%s: request %d completed twice", mode, k)
+				}
+				seen[k] = true
+				if st.Tag != tag0+k || st.Count != sizes[k] || !bytes.Equal(bufs[k], pattern(sizes[k], 40+10*round+k)) {
+					return fmt.Errorf("%s: request %d: status %+v or its bytes are wrong", mode, k, st)
+				}
+				return nil
+			}
+			switch mode {
+			case "Waitany":
+				for range sizes {
+					k, st, err := mpi.Waitany(reqs)
+					if err != nil {
+						return err
+					}
+					if k < 0 {
+						return fmt.Errorf("Waitany: no request left early")
+					}
+					if err := done(k, st); err != nil {
+						return err
+					}
+				}
+				if k, _, err := mpi.Waitany(reqs); k != -1 || err != nil {
+					return fmt.Errorf("Waitany with every request done: %d, %v", k, err)
+				}
+			case "Waitsome":
+				for n := 0; n < len(sizes); {
+					idx, sts, err := mpi.Waitsome(reqs)
+					if err != nil {
+						return err
+					}
+					if len(idx) == 0 {
+						return fmt.Errorf("Waitsome: no request left early")
+					}
+					for i, k := range idx {
+						if err := done(k, sts[i]); err != nil {
+							return err
+						}
+					}
+					n += len(idx)
+				}
+			case "Test":
+				for k, r := range reqs {
+					for {
+						st, ok, err := r.Test()
+						if err != nil {
+							return err
+						}
+						if ok {
+							if err := done(k, st); err != nil {
+								return err
+							}
+							break
+						}
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
 func run(w *mpi.Comm) error {
 	me, n := w.Rank(), w.Size()
 	if n > 1 {
@@ -152,6 +247,9 @@ func run(w *mpi.Comm) error {
 			return err
 		}
 		if err := asyncProgress(w); err != nil {
+			return err
+		}
+		if err := completions(w); err != nil {
 			return err
 		}
 	}
