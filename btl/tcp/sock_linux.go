@@ -31,11 +31,11 @@ const canPoll = true
 // when it decides to (conn.readLoop), and while the application polls it
 // does not wait on the socket at all.
 //
-// When ranks outnumber cores (netpoll) that reasoning turns around: PML
-// waits park at once and nobody polls, so every message is read by a
-// reader goroutine, and one blocked in poll(2) holds a thread (and, until
-// sysmon takes it back, the P) that must be woken and handed the P before
-// the rank it serves can run. There the socket stays in the netpoller and
+// When ranks outnumber cores (netpoll) that reasoning turns around: a
+// waiting rank soon parks (pml_wait_yield), and then its messages are
+// read by a reader goroutine; one blocked in poll(2) holds a thread (and,
+// until sysmon takes it back, the P) that must be woken and handed the P
+// before the rank it serves can run. There the socket stays in the netpoller and
 // wait parks the reader goroutine on it: the rank's one thread sleeps in
 // epoll_wait when it has nothing to do and runs the reader and then the
 // woken application goroutine in turn.
