@@ -1,11 +1,35 @@
 # gate.sh - sourced by the bench scripts after they made $BIN: builds the
 # anchor's cache-line probe (c2c.c, from $ANCHOR) there and defines quiet,
 # which is true when QUIET_NS is 0 (unset) or the probe reads below
-# QUIET_NS nanoseconds (the host's fast regime; CONTRIBUTING.md).
+# QUIET_NS nanoseconds (the host's fast regime; CONTRIBUTING.md); pair,
+# which runs one gompi and one Open MPI measurement back to back in that
+# regime; and pair_table, their medians.
 ANCHOR=${ANCHOR:-/work/shared/anchor}
 QUIET_NS=${QUIET_NS:-0}
 gcc -O2 -o "$BIN/c2c" "$ANCHOR/c2c.c" -lpthread
 quiet() {
 	[ "$QUIET_NS" = 0 ] && return 0
 	awk -v p="$(timeout 30 "$BIN/c2c" | tail -1 || echo 9999)" -v q="$QUIET_NS" 'BEGIN { exit !(p + 0 < q + 0) }'
+}
+# pair sets g and o to the figures that the caller's functions gompi_run
+# and ompi_run print: it waits (up to a minute) for the fast regime, runs
+# both, and runs them again (at most three tries) when the probe after
+# them does not read the fast regime.
+pair() {
+	for _ in 1 2 3; do
+		for _ in $(seq 60); do quiet && break; sleep 1; done
+		g=$(gompi_run)
+		o=$(ompi_run)
+		quiet && break
+	done
+}
+# pair_table FILE: from lines "rROUND KEY... gompi=G ompi=O", one
+# Markdown row per KEY: "| KEY fields | median G | median O | ratio |".
+pair_table() {
+	awk '{ k = $2; for (i = 3; i < NF - 1; i++) k = k " | " $i
+  g[k] = g[k] " " substr($(NF - 1), 7); o[k] = o[k] " " substr($NF, 6) }
+function med(s,   a, n, i, j, v) { n = split(s, a, " ")
+  for (i = 2; i <= n; i++) { v = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > v; j--) a[j + 1] = a[j]; a[j + 1] = v }
+  return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+END { for (k in g) { mg = med(g[k]); mo = med(o[k]); printf "| %s | %.3f | %.3f | %.2fx |\n", k, mg, mo, mg / mo } }' "$1"
 }

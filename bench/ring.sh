@@ -34,13 +34,10 @@ for r in $(seq "$ROUNDS"); do
 			ob=$t
 			[ "$t" = sm ] && ob=vader
 			for m in $MODES; do
-				for try in 1 2 3; do
-					for w in $(seq 60); do quiet && break; sleep 1; done
-					g=$(timeout 300 "$BIN/gorun" -np "$np" --oversubscribe --btl "self,$t" "$BIN/ring" -steps "$STEPS" -size "$SIZE" -mode "$m" | awk '/us\/step/ { print $(NF-1) }')
-					o=$(timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe -np "$np" --mca btl "self,$ob" "$BIN/ring-ompi" "$STEPS" "$SIZE" "$m" 2>/dev/null | awk '/us\/step/ { print $(NF-1) }')
-					quiet && break
-				done
-				echo "r$r np=$np $t $m gompi=$g ompi=$o"
+				gompi_run() { timeout 300 "$BIN/gorun" -np "$np" --oversubscribe --btl "self,$t" "$BIN/ring" -steps "$STEPS" -size "$SIZE" -mode "$m" | awk '/us\/step/ { print $(NF-1) }'; }
+				ompi_run() { timeout 300 mpirun.openmpi --allow-run-as-root --oversubscribe -np "$np" --mca btl "self,$ob" "$BIN/ring-ompi" "$STEPS" "$SIZE" "$m" 2>/dev/null | awk '/us\/step/ { print $(NF-1) }'; }
+				pair
+				echo "r$r $np $t $m gompi=$g ompi=$o"
 			done
 		done
 	done
@@ -48,8 +45,4 @@ done | tee "$BIN/runs.txt"
 echo "# median us/step over $ROUNDS rounds"
 echo "| ranks | transport | mode | gompi | Open MPI | gompi/Open MPI |"
 echo "| ---: | --- | --- | ---: | ---: | ---: |"
-awk '{ k = $2 " " $3 " " $4; sub("gompi=", "", $5); sub("ompi=", "", $6); g[k] = g[k] " " $5; o[k] = o[k] " " $6; keys[k] = 1 }
-function med(s,   a, n, i, j, v) { n = split(s, a, " ")
-  for (i = 2; i <= n; i++) { v = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > v; j--) a[j + 1] = a[j]; a[j + 1] = v }
-  return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-END { for (k in keys) { split(k, f, " "); sub("np=", "", f[1]); mg = med(g[k]); mo = med(o[k]); printf "| %s | %s | %s | %.2f | %.2f | %.2fx |\n", f[1], f[2], f[3], mg, mo, mg / mo } }' "$BIN/runs.txt" | sort -t'|' -k2,2n -k3,3 -k4,4
+pair_table "$BIN/runs.txt" | sort -t'|' -k2,2n -k3,3 -k4,4

@@ -32,12 +32,9 @@ for r in $(seq "$ROUNDS"); do
 		ob=$t
 		[ "$t" = sm ] && ob=vader
 		for m in $MODES; do
-			for try in 1 2 3; do
-				for w in $(seq 60); do quiet && break; sleep 1; done
-				g=$(timeout 300 "$BIN/gorun" -np 2 --btl "self,$t" "$BIN/shapes" -iters "$ITERS" -size "$SIZE" -mode "$m" | awk '/ us$/ { print $(NF-1) }')
-				o=$(timeout 300 mpirun.openmpi --allow-run-as-root -np 2 --mca btl "self,$ob" "$BIN/shapes-ompi" "$ITERS" "$SIZE" "$m" 2>/dev/null | awk '/ us$/ { print $(NF-1) }')
-				quiet && break
-			done
+			gompi_run() { timeout 300 "$BIN/gorun" -np 2 --btl "self,$t" "$BIN/shapes" -iters "$ITERS" -size "$SIZE" -mode "$m" | awk '/ us$/ { print $(NF-1) }'; }
+			ompi_run() { timeout 300 mpirun.openmpi --allow-run-as-root -np 2 --mca btl "self,$ob" "$BIN/shapes-ompi" "$ITERS" "$SIZE" "$m" 2>/dev/null | awk '/ us$/ { print $(NF-1) }'; }
+			pair
 			echo "r$r $t $m gompi=$g ompi=$o"
 		done
 	done
@@ -45,8 +42,4 @@ done | tee "$BIN/runs.txt"
 echo "# median us over $ROUNDS rounds"
 echo "| transport | mode | gompi | Open MPI | gompi/Open MPI |"
 echo "| --- | --- | ---: | ---: | ---: |"
-awk '{ k = $2 " " $3; sub("gompi=", "", $4); sub("ompi=", "", $5); g[k] = g[k] " " $4; o[k] = o[k] " " $5; keys[k] = 1 }
-function med(s,   a, n, i, j, v) { n = split(s, a, " ")
-  for (i = 2; i <= n; i++) { v = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > v; j--) a[j + 1] = a[j]; a[j + 1] = v }
-  return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-END { for (k in keys) { split(k, f, " "); mg = med(g[k]); mo = med(o[k]); printf "| %s | %s | %.3f | %.3f | %.2fx |\n", f[1], f[2], mg, mo, mg / mo } }' "$BIN/runs.txt" | sort
+pair_table "$BIN/runs.txt" | sort

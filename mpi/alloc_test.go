@@ -239,10 +239,6 @@ func TestExchangeAllocations(t *testing.T) {
 				failed = e
 			}
 		}
-		for range 300 { // warm-up: the pools fill
-			sendrecv()
-			nonblocking()
-		}
 		lockstep(w, runs, allocs[:], sendrecv, nonblocking)
 		return failed
 	})
@@ -302,12 +298,7 @@ func TestProbeAllocations(t *testing.T) {
 				}
 			}
 		}
-		probe, mprobe := round(recvProbe), round(recvMprobe)
-		for range 300 {
-			probe()
-			mprobe()
-		}
-		lockstep(w, runs, allocs[:], probe, mprobe)
+		lockstep(w, runs, allocs[:], round(recvProbe), round(recvMprobe))
 		return failed
 	})
 	require.NoError(t, err)
@@ -315,10 +306,16 @@ func TestProbeAllocations(t *testing.T) {
 	require.Zero(t, allocs[1], "allocations per round trip of Send and Mprobe, Message.Recv")
 }
 
-// lockstep runs each of fs runs+1 times on every rank of w, as rank 0's
+// lockstep runs fs in turn 300 times on every rank of w (a warm-up: the
+// pools fill), then each of them runs+1 times, as rank 0's
 // testing.AllocsPerRun does, and stores rank 0's averages in allocs (the
 // process's allocations, both ranks' in an in-process job).
 func lockstep(w *mpi.Comm, runs int, allocs []float64, fs ...func()) {
+	for range 300 {
+		for _, f := range fs {
+			f()
+		}
+	}
 	for i, f := range fs {
 		if w.Rank() == 0 {
 			allocs[i] = testing.AllocsPerRun(runs, f)

@@ -162,9 +162,10 @@ func New(cfg Config) (*Engine, error) {
 		// once makes every message a wake-up of a sleeping process by
 		// its sender; one that spins without yielding holds a core that
 		// the rank it waits for needs. A Sendrecv ring of 4 ranks on 2
-		// cores (bench/ring.sh) took 61 us a step over sm and 80 over
-		// tcp sleeping at once, 7.6 and 40 yielding; Open MPI, which
-		// yields the same way, 4.9 and 47.
+		// cores took 61 us a step over sm and 86-89 over tcp sleeping at
+		// once (gorun -np 4 --oversubscribe --param pml_wait_yield=0
+		// bench/ring -mode sr), 7.6 and 35.5 yielding; Open MPI, which
+		// yields the same way, 4.9 and 50.9 (bench/ring.sh).
 		e.spin = p.Duration("pml_wait_yield")
 		e.osYield = e.spin > 0
 	}

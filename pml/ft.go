@@ -135,14 +135,14 @@ func (c *Comm) FailedRanks() []int {
 // (negative) tags, whatever their source.
 func (m *matchState) drainInternal(out []*Request) []*Request {
 	swept := false
-	for k, l := range m.specific {
+	for k, l := range m.spec.m {
 		if k.tag < 0 && l.head != nil {
 			out = m.drainList(l, out)
 			swept = true
 		}
 	}
 	if swept {
-		m.sweep()
+		m.spec.sweep(nil)
 	}
 	for r := m.wild.head; r != nil; {
 		next := r.next

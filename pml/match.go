@@ -61,6 +61,9 @@ type frag struct {
 
 type fragList struct{ head, tail *frag }
 
+func (l *reqList) isEmpty() bool  { return l.head == nil }
+func (l *fragList) isEmpty() bool { return l.head == nil }
+
 // listFreeMax bounds matchState.listFree.
 const listFreeMax = 16
 
@@ -71,68 +74,97 @@ type key struct{ src, tag int32 }
 // hash in O(1); wildcard receives keep post order and compete with them by
 // post sequence, so the earliest-posted compatible receive always wins.
 type matchState struct {
-	recvSeq  uint64
-	specific map[key]*reqList // source >= 0 and tag != AnyTag
-	srcAny   []reqList        // per source: tag == AnyTag
-	wild     reqList          // source == AnySource
+	recvSeq uint64
+	spec    keyed[*reqList] // posted receives and probes: source >= 0 and tag != AnyTag
+	srcAny  []reqList       // per source: tag == AnyTag
+	wild    reqList         // source == AnySource
 
 	uAll fragList
 	uSrc []fragList
+	uKey keyed[*fragList] // unexpected messages per (source, tag)
 	// queued counts the messages addUnexpected queued: a spinning Probe
 	// searches the queue again only when it moved. Written under
 	// Engine.mu by a release store (a plain store on amd64), read without.
 	queued atomic.Uint64
-	uKey   map[key]*fragList
 	nWild  int
 	// listFree: uKey lists swept, for the next key that needs one (at
 	// most listFreeMax).
 	listFree []*fragList
-	// uEmpty counts the empty lists in uKey: as the specific lists, an
-	// emptied one stays for the next message with its key (a map insert
-	// and delete per message cost 250 instructions of a Probe-then-Recv
-	// ping-pong's, and a map left empty draws a new hash seed), and a
-	// sweep drops them when they are many. uHot is the list used last.
-	uEmpty  int
-	uHotKey key
-	uHot    *fragList
-
-	empty int // specific lists that are empty (kept for reuse, swept when many)
-
-	// The list of the (source, tag) used last: a program that receives
-	// from one peer on one tag finds it without hashing. Reset by sweep,
-	// which is the only place a list leaves the map.
-	hotKey key
-	hot    *reqList
 }
 
-// list returns the specific list of k, nil if there is none.
-func (m *matchState) list(k key) *reqList {
-	if m.hot != nil && m.hotKey == k {
-		return m.hot
+// keyed is one queue's lists per (source, tag), posted receives' or
+// unexpected messages': found by hash, or, the list used last (hot: a
+// program that receives from one peer on one tag), without. A list
+// emptied stays in the map for the next use of its key, the common case
+// (a map insert and delete per message cost 250 instructions of a
+// Probe-then-Recv ping-pong's, and a map left empty draws a new hash
+// seed); a sweep drops the empty ones when they are more than minSweep
+// and than half the map, so its cost is amortized O(1) and the map stays
+// within twice the live lists plus minSweep. A sweep is the only place a
+// list leaves the map.
+type keyed[L interface {
+	comparable
+	isEmpty() bool
+}] struct {
+	m      map[key]L
+	empty  int // lists in m that are empty
+	hotKey key
+	hot    L // the list of hotKey, or none (after a sweep)
+}
+
+// get returns the list of k, the zero L if there is none.
+func (q *keyed[L]) get(k key) L {
+	var none L
+	if q.hot != none && q.hotKey == k {
+		return q.hot
 	}
-	if len(m.specific) == 0 { // a program that probes before it receives
-		return nil
+	if len(q.m) == 0 { // no list yet (the posted ones of a program that probes first)
+		return none
 	}
-	l := m.specific[k]
-	if l != nil {
-		m.hotKey, m.hot = k, l
+	l := q.m[k]
+	if l != none {
+		q.hotKey, q.hot = k, l
 	}
 	return l
 }
 
-// minSweep is how many empty specific lists may stay in the map before a
-// sweep. A list emptied by a match stays for the next receive on the same
-// (source, tag), the common case; a sweep runs when empty lists are more
-// than minSweep and than half the map, so its cost is amortized O(1) and
-// the map stays within twice the live lists plus minSweep.
+// add enters l, a new list, for k.
+func (q *keyed[L]) add(k key, l L) {
+	q.m[k] = l
+	q.hotKey, q.hot = k, l
+}
+
+// emptied counts a list that became empty and reports whether the empty
+// ones are now many enough to sweep.
+func (q *keyed[L]) emptied() bool {
+	q.empty++
+	return q.empty > minSweep && q.empty > len(q.m)/2
+}
+
+// sweep drops the empty lists (to drop, if not nil).
+func (q *keyed[L]) sweep(drop func(L)) {
+	for k, l := range q.m {
+		if l.isEmpty() {
+			delete(q.m, k)
+			if drop != nil {
+				drop(l)
+			}
+		}
+	}
+	q.empty = 0
+	var none L
+	q.hot = none
+}
+
+// minSweep is how many empty lists a keyed may keep before a sweep.
 const minSweep = 64
 
 func newMatchState(size int) *matchState {
 	return &matchState{
-		specific: map[key]*reqList{},
-		srcAny:   make([]reqList, size),
-		uSrc:     make([]fragList, size),
-		uKey:     map[key]*fragList{},
+		spec:   keyed[*reqList]{m: map[key]*reqList{}},
+		srcAny: make([]reqList, size),
+		uSrc:   make([]fragList, size),
+		uKey:   keyed[*fragList]{m: map[key]*fragList{}},
 	}
 }
 
@@ -161,13 +193,12 @@ func (m *matchState) postSpecific(r *Request) {
 
 func (m *matchState) pushSpecific(r *Request) {
 	k := key{int32(r.peer), int32(r.tag)}
-	l := m.list(k)
+	l := m.spec.get(k)
 	if l == nil {
 		l = &reqList{}
-		m.specific[k] = l
-		m.hotKey, m.hot = k, l
+		m.spec.add(k, l)
 	} else if l.head == nil {
-		m.empty--
+		m.spec.empty--
 	}
 	l.push(r)
 }
@@ -182,28 +213,11 @@ func (m *matchState) unpost(r *Request) bool {
 	}
 	l.remove(r)
 	if l.head == nil && r.peer != AnySource && r.tag != AnyTag {
-		m.emptied()
-	}
-	return true
-}
-
-// emptied counts a specific list that became empty, sweeping when many are.
-func (m *matchState) emptied() {
-	m.empty++
-	if m.empty > minSweep && m.empty > len(m.specific)/2 {
-		m.sweep()
-	}
-}
-
-// sweep drops the empty specific lists.
-func (m *matchState) sweep() {
-	for k, l := range m.specific {
-		if l.head == nil {
-			delete(m.specific, k)
+		if m.spec.emptied() {
+			m.spec.sweep(nil)
 		}
 	}
-	m.empty = 0
-	m.hot = nil
+	return true
 }
 
 // takeFirst removes and returns the earliest-posted receive (not a probe)
@@ -213,7 +227,7 @@ func (m *matchState) sweep() {
 // handled in place: 51 instructions a message against findPosted's and
 // unpost's 76 (bench/instr.sh).
 func (m *matchState) takeFirst(src, tag int) *Request {
-	if l := m.hot; l != nil && m.hotKey == (key{int32(src), int32(tag)}) && m.wild.head == nil && m.srcAny[src].head == nil {
+	if l := m.spec.hot; l != nil && m.spec.hotKey == (key{int32(src), int32(tag)}) && m.wild.head == nil && m.srcAny[src].head == nil {
 		r := l.head
 		if r == nil || r.kind != kindRecv {
 			return nil
@@ -225,7 +239,9 @@ func (m *matchState) takeFirst(src, tag int) *Request {
 			r.next = nil
 		} else {
 			l.tail = nil
-			m.emptied()
+			if m.spec.emptied() {
+				m.spec.sweep(nil)
+			}
 		}
 		r.list = nil
 		return r
@@ -241,7 +257,7 @@ func (m *matchState) takeFirst(src, tag int) *Request {
 // findPosted returns the earliest-posted request matching (src, tag), without removing it.
 func (m *matchState) findPosted(src, tag int) *Request {
 	var best *Request
-	if l := m.list(key{int32(src), int32(tag)}); l != nil {
+	if l := m.spec.get(key{int32(src), int32(tag)}); l != nil {
 		best = l.head
 	}
 	if tag >= 0 {
@@ -281,15 +297,14 @@ func (m *matchState) addUnexpected(f *frag) {
 	}
 	s.tail = f
 	k := key{f.m.Src, f.m.Tag}
-	l := m.uList(k)
+	l := m.uKey.get(k)
 	if l == nil {
 		if l = popLast(&m.listFree); l == nil {
 			l = &fragList{}
 		}
-		m.uKey[k] = l
-		m.uHotKey, m.uHot = k, l
+		m.uKey.add(k, l)
 	} else if l.head == nil {
-		m.uEmpty--
+		m.uKey.empty--
 	}
 	f.keyList = l
 	f.keyPrev, f.keyNext = l.tail, nil
@@ -335,38 +350,18 @@ func (m *matchState) removeUnexpected(f *frag) {
 		l.tail = f.keyPrev
 	}
 	if l.head == nil {
-		m.uEmpty++
-		if m.uEmpty > minSweep && m.uEmpty > len(m.uKey)/2 {
-			m.sweepUnexpected()
+		if m.uKey.emptied() {
+			m.uKey.sweep(m.freeList)
 		}
 	}
 	f.allNext, f.allPrev, f.srcNext, f.srcPrev, f.keyNext, f.keyPrev, f.keyList = nil, nil, nil, nil, nil, nil, nil
 }
 
-// uList returns the unexpected list of k, nil if there is none.
-func (m *matchState) uList(k key) *fragList {
-	if m.uHot != nil && m.uHotKey == k {
-		return m.uHot
+// freeList keeps a swept unexpected list for addUnexpected's next new key.
+func (m *matchState) freeList(l *fragList) {
+	if len(m.listFree) < listFreeMax {
+		m.listFree = append(m.listFree, l)
 	}
-	l := m.uKey[k]
-	if l != nil {
-		m.uHotKey, m.uHot = k, l
-	}
-	return l
-}
-
-// sweepUnexpected drops the empty unexpected lists.
-func (m *matchState) sweepUnexpected() {
-	for k, l := range m.uKey {
-		if l.head == nil {
-			delete(m.uKey, k)
-			if len(m.listFree) < listFreeMax {
-				m.listFree = append(m.listFree, l)
-			}
-		}
-	}
-	m.uEmpty = 0
-	m.uHot = nil
 }
 
 // findUnexpected returns the earliest unexpected message matching (src, tag).
@@ -383,7 +378,7 @@ func (m *matchState) findUnexpected(src, tag int) *frag {
 func (m *matchState) searchUnexpected(src, tag int) *frag {
 	switch {
 	case src != AnySource && tag != AnyTag:
-		if l := m.uList(key{int32(src), int32(tag)}); l != nil {
+		if l := m.uKey.get(key{int32(src), int32(tag)}); l != nil {
 			return l.head
 		}
 	case src != AnySource:

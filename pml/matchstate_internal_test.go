@@ -58,8 +58,8 @@ func TestPostedListsDoNotAccumulate(t *testing.T) {
 	}
 	e := c[0].e
 	e.mu.Lock()
-	require.LessOrEqual(t, len(c[0].m.specific), minSweep+1, "posted lists left for tags no receive waits on")
-	require.Equal(t, 0, len(c[0].m.uKey), "unexpected lists left")
+	require.LessOrEqual(t, len(c[0].m.spec.m), minSweep+1, "posted lists left for tags no receive waits on")
+	require.Equal(t, 0, len(c[0].m.uKey.m), "unexpected lists left")
 	e.mu.Unlock()
 	// Messages on ever new tags that arrive before their receives: the
 	// emptied unexpected lists are swept too.
@@ -75,5 +75,5 @@ func TestPostedListsDoNotAccumulate(t *testing.T) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	require.Nil(t, c[0].m.uAll.head)
-	require.LessOrEqual(t, len(c[0].m.uKey), minSweep+1, "unexpected lists left for tags no message waits on")
+	require.LessOrEqual(t, len(c[0].m.uKey.m), minSweep+1, "unexpected lists left for tags no message waits on")
 }

@@ -513,10 +513,10 @@ func (m *matchState) drainList(l *reqList, out []*Request) []*Request {
 
 // drainPosted removes every posted request.
 func (m *matchState) drainPosted(out []*Request) []*Request {
-	for _, l := range m.specific {
+	for _, l := range m.spec.m {
 		out = m.drainList(l, out)
 	}
-	m.sweep()
+	m.spec.sweep(nil)
 	for i := range m.srcAny {
 		out = m.drainList(&m.srcAny[i], out)
 	}
@@ -526,12 +526,12 @@ func (m *matchState) drainPosted(out []*Request) []*Request {
 // drainSource removes the posted requests that can only (or also) match
 // source src: specific ones and wildcards.
 func (m *matchState) drainSource(src int, out []*Request) []*Request {
-	for k, l := range m.specific {
+	for k, l := range m.spec.m {
 		if int(k.src) == src {
 			out = m.drainList(l, out)
 		}
 	}
-	m.sweep()
+	m.spec.sweep(nil)
 	out = m.drainList(&m.srcAny[src], out)
 	return m.drainList(&m.wild, out)
 }
