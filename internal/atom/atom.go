@@ -23,23 +23,25 @@
 // operations), StoreRel64 is sync/atomic's Store and the prefetches do
 // nothing.
 //
-// What each piece buys: bench/atom-proof.sh 8 (QUIET_NS=60 on the AMD
-// guest) builds gompi-bench four ways, each differing from the commit in
-// one piece, and alternates them over sm, 2 ranks, round by round
-// (bench/ab.sh; medians of 8 rounds, gompi 502d42b):
+// What each piece buys: bench/atom-proof.sh ROUNDS builds gompi-bench
+// four ways (the commit; StoreRel64 an XCHG; no prefetches; both, which is
+// sync/atomic alone) and alternates them over sm, 2 ranks, round by round
+// (bench/ab.sh). The table gives each variant's figure over the commit's
+// in the same round, the median over the rounds (below 1: a lower rate,
+// a shorter latency):
 //
-//	build                                AMD EPYC guest: 8 B rate; 0/8/64 B latency
-//	the commit                           16.04 M/s; 0.126/0.128/0.149 us
-//	StoreRel64 an XCHG, not a MOV        15.65 M/s; equal within 0.002 us
-//	PrefetchW and Prefetch no-ops        15.83 M/s; equal within 0.002 us
-//	atom.Mutex instead of sync.Mutex     15.77 M/s; 64 B 0.152 us, others equal
+//	variant               AMD EPYC guest, QUIET_NS=60, 24 rounds: 8 B rate; 0/8/64 B latency
+//	StoreRel64 an XCHG    0.982; 0.984/0.984/0.995
+//	no prefetches         0.994; 0.992/1.000/0.993
+//	both                  0.984; 0.984/0.992/0.993
 //
-// atom.Mutex (its Unlock a release store instead of sync.Mutex's locked
-// add, its waiters parked with timed parks to cover a missed wake-up)
-// lived here for the Intel guest, where a locked instruction after a store
-// into a line still in the receiver's cache waited for that line; on the
-// AMD guest sync.Mutex is as fast or faster, so sm's endpoints and the
-// PML's engine use sync.Mutex, and the script brings atom.Mutex back
-// (reverting 8fc252f) only to measure it. The Intel guest's column of this
-// table is still to be measured, with the same command.
+// On the AMD guest, then, the pieces are within the noise: every median
+// within 2% of 1, single rounds from 0.55 to 1.6 (gompi d53bbec). They were written for the
+// Intel guest, where a locked instruction after a store into a line still
+// in the receiver's cache waited for that line: there the release store
+// and PREFETCHW took sm's 8 B rate from 6.63 to 7.85 M/s (vader's 7.85) and its 8 B
+// latency from 0.374 to 0.286 us, and the reader's prefetch the rate from
+// 10.1 to 10.7 M/s, each in alternated runs of the code of its day. The
+// Intel column of this table, measured on the current code with the same
+// command (QUIET_NS=0 there), decides whether they stay.
 package atom
