@@ -1,6 +1,7 @@
 package mpi_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -200,7 +201,8 @@ func TestNaturalArgumentAllocations(t *testing.T) {
 // peer's message often arrives before the receive is posted and is
 // stored as unexpected), and Irecv, Irecv, Isend, Isend, WaitallInto
 // with two tags (sends done at once share a done request per destination
-// and tag).
+// and tag), and the same with Waitall, whose statuses the caller reads
+// and drops (they stay on its stack).
 func TestExchangeAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
@@ -208,7 +210,7 @@ func TestExchangeAllocations(t *testing.T) {
 	pml.SetResetCheck(false) // the check itself allocates (reflect)
 	defer pml.SetResetCheck(true)
 	const runs = 200 // AllocsPerRun runs the function runs+1 times
-	var allocs [2]float64
+	var allocs [3]float64
 	err := mpi.Run(2, func(w *mpi.Comm) error {
 		peer := 1 - w.Rank()
 		a, b, c, d := make([]byte, 8), make([]byte, 8), make([]byte, 8), make([]byte, 8)
@@ -239,12 +241,33 @@ func TestExchangeAllocations(t *testing.T) {
 				failed = e
 			}
 		}
-		lockstep(w, runs, allocs[:], sendrecv, nonblocking)
+		waitall := func() {
+			var err [4]error
+			reqs[0], err[0] = w.Irecv(b, peer, 1)
+			reqs[1], err[1] = w.Irecv(d, peer, 2)
+			reqs[2], err[2] = w.Isend(a, peer, 1)
+			reqs[3], err[3] = w.Isend(c, peer, 2)
+			for _, e := range err {
+				if e != nil {
+					failed = e
+					return
+				}
+			}
+			st, e := mpi.Waitall(reqs)
+			if e == nil && (st[0].Tag != 1 || st[1].Tag != 2 || st[1].Count != len(d)) {
+				e = fmt.Errorf("Waitall's statuses: tags %d and %d, count %d", st[0].Tag, st[1].Tag, st[1].Count)
+			}
+			if e != nil {
+				failed = e
+			}
+		}
+		lockstep(w, runs, allocs[:], sendrecv, nonblocking, waitall)
 		return failed
 	})
 	require.NoError(t, err)
 	require.Zero(t, allocs[0], "allocations per exchange of two Sendrecv")
 	require.Zero(t, allocs[1], "allocations per exchange of Irecv, Irecv, Isend, Isend, WaitallInto")
+	require.Zero(t, allocs[2], "allocations per exchange of Irecv, Irecv, Isend, Isend, Waitall")
 }
 
 // A ping-pong whose receiver learns the size from a probe allocates

@@ -797,7 +797,10 @@ func TestNonOvertaking(t *testing.T) {
 	const count = 90
 	size := func(i int) int { return sizes[i%len(sizes)] }
 	protocolCases(t, func(t *testing.T, opts []mpi.Option) {
-		for _, preposted := range []bool{false, true} {
+		// The receive: Recv after the message was sent, Irecv and Wait
+		// after Probe found it queued, or Irecv posted before the send.
+		for _, recv := range []string{"recv", "probed", "preposted"} {
+			preposted := recv == "preposted"
 			j := newJob()
 			ready := make(chan struct{})
 			mustRunJob(t, j, 2, func(w *mpi.Comm) error {

@@ -61,8 +61,26 @@ func (r *Request) Cancel() error {
 
 // Waitall waits for every request (nil entries are skipped) and returns
 // their statuses in order, with errors.Join of their errors.
+//
+// Up to 8 requests (a halo exchange's in one or two dimensions), the
+// statuses are an array of the caller's once the call is inlined, on its
+// stack unless the caller lets the slice escape: most callers drop it or
+// read it in place (`_, err := mpi.Waitall(reqs)`), and their loops then
+// allocate nothing and leave the collector nothing to do.
 func Waitall(reqs []*Request) ([]Status, error) {
-	sts := make([]Status, len(reqs))
+	var a [8]Status
+	return waitallIn(reqs, a[:0])
+}
+
+// waitallIn is Waitall with buf's array for the statuses when it holds
+// them all. It returns the statuses.
+func waitallIn(reqs []*Request, buf []Status) ([]Status, error) {
+	var sts []Status
+	if cap(buf) >= len(reqs) {
+		sts = buf[:len(reqs)]
+	} else {
+		sts = make([]Status, len(reqs))
+	}
 	return sts, WaitallInto(reqs, sts)
 }
 

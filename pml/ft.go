@@ -136,7 +136,7 @@ func (c *Comm) FailedRanks() []int {
 func (m *matchState) drainInternal(out []*Request) []*Request {
 	swept := false
 	for k, l := range m.spec.m {
-		if k.tag < 0 && l.head != nil {
+		if k.tag() < 0 && l.head != nil {
 			out = m.drainList(l, out)
 			swept = true
 		}

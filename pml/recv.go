@@ -105,9 +105,8 @@ func (e *Engine) putSpare(r *Request) {
 
 // postPlain is postRecv's common case under one hold of the lock: a
 // receive of contiguous bytes from a specific source and tag, with no
-// unexpected message of that source and tag (but a blocking Recv's of
-// eager data, taken at once), nothing failed, closed or to start in the
-// way. r is a clean
+// unexpected message of that source and tag but eager data (taken at
+// once), nothing failed, closed or to start in the way. r is a clean
 // request, or nil for one from the free list (an Irecv's, which counts
 // for yieldEvery). The sink is s, or with handle a new Handle's, made
 // with the lock held once the receive is sure to be posted (IrecvHandle).
@@ -125,19 +124,28 @@ func (c *Comm) postPlain(r *Request, b []byte, src, tag int, s *sink, handle boo
 	}
 	if c.m.uAll.head != nil {
 		if f := c.m.searchUnexpected(src, tag); f != nil {
-			// The message is here (a Recv after a Probe, say). A
-			// blocking Recv's request takes eager data at once; the
-			// other cases are postRecv's.
-			if f.typ != hdr.TypeMatch || r == nil || s != nil || handle {
+			// The message is here (a Recv after a Probe; in a neighbour
+			// exchange, the peer's message when this rank is the later
+			// one, step after step). Eager data is delivered at once,
+			// into a blocking Recv's request or, for an Irecv, into a
+			// Handle through a request of the free list, which the
+			// delivery gives back; the other cases are postRecv's.
+			if f.typ != hdr.TypeMatch || s != nil || (r == nil && (!handle || len(e.free) == 0)) {
 				e.mu.Unlock()
 				return nil, nil
 			}
-			r.kind, r.comm, r.peer, r.tag, r.buf.Bytes = kindRecv, c, src, tag, b
+			var h *Handle
+			if r == nil {
+				r = e.popFreeLocked()
+				h = c.newHandleLocked(len(b))
+				s = &h.s
+			}
+			r.kind, r.comm, r.peer, r.tag, r.buf.Bytes, r.sink = kindRecv, c, src, tag, b, s
 			e.takeUnexpectedLocked(c, f)
 			c.deliverEager(r, f.m.Src, f.m.Tag, f.m.Seq, f.peer, f.data)
 			e.freeFrag(f)
 			e.unlockFlush()
-			return r, nil
+			return r, h
 		}
 	}
 	irecv := r == nil
@@ -527,7 +535,7 @@ func (m *matchState) drainPosted(out []*Request) []*Request {
 // source src: specific ones and wildcards.
 func (m *matchState) drainSource(src int, out []*Request) []*Request {
 	for k, l := range m.spec.m {
-		if int(k.src) == src {
+		if int(k.src()) == src {
 			out = m.drainList(l, out)
 		}
 	}
