@@ -207,38 +207,26 @@ func (c *Comm) Sendrecv(sendBuf any, dest, sendTag int, recvBuf any, source, rec
 	if err != nil {
 		return Status{}, err
 	}
-	// A contiguous buffer's memory is its message (mem); a non-contiguous
-	// one's is nil here and not compared.
-	if dest != ProcNull && source != ProcNull && sys.Overlap(smem, rmem) {
-		return Status{}, mpierr.Errorf(mpierr.ErrBuffer, "Sendrecv: the send and receive buffers overlap (SendrecvReplace sends and receives in one buffer)")
-	}
-	var rr *Request
-	if source != ProcNull {
-		h, err := c.pc.IrecvHandle(pml.Buffer{Bytes: rmem, Conv: rconv}, source, recvTag)
-		if err != nil {
-			return Status{}, err
+	switch {
+	case dest != ProcNull && source != ProcNull:
+		// A contiguous buffer's memory is its message (mem); a
+		// non-contiguous one's is nil here and not compared.
+		if sys.Overlap(smem, rmem) {
+			return Status{}, mpierr.Errorf(mpierr.ErrBuffer, "Sendrecv: the send and receive buffers overlap (SendrecvReplace sends and receives in one buffer)")
 		}
-		rr = (*Request)(h)
+		// The receive is posted, then the send blocks as Send does: a
+		// peer doing the same finds the receive, and waiting for the
+		// send polls for both (MPI_Sendrecv is Irecv, Send, Wait in Open
+		// MPI).
+		st, err := c.pc.Sendrecv(pml.Buffer{Bytes: smem, Conv: sconv}, dest, sendTag, pml.Buffer{Bytes: rmem, Conv: rconv}, source, recvTag)
+		return Status(st), err
+	case source != ProcNull:
+		st, err := c.pc.Recv(pml.Buffer{Bytes: rmem, Conv: rconv}, source, recvTag)
+		return Status(st), err
+	case dest != ProcNull:
+		return nullStatus, c.pc.Send(pml.Buffer{Bytes: smem, Conv: sconv}, dest, sendTag, pml.Standard)
 	}
-	// The send blocks as Send does, with the receive posted: a peer doing
-	// the same finds it, and waiting for the send polls for both (as
-	// MPI_Sendrecv is Irecv, Send, Wait in Open MPI).
-	var serr error
-	if dest != ProcNull {
-		serr = c.pc.Send(pml.Buffer{Bytes: smem, Conv: sconv}, dest, sendTag, pml.Standard)
-	}
-	if rr == nil {
-		return nullStatus, serr
-	}
-	if serr != nil {
-		// The send failed: the receive is cancelled unless it matched.
-		rr.Cancel()
-		if st, rerr := rr.Wait(); !st.Cancelled {
-			return st, errors.Join(rerr, serr)
-		}
-		return Status{}, serr
-	}
-	return rr.Wait()
+	return nullStatus, nil
 }
 
 // SendrecvReplace sends the content of buf to dest and receives a message

@@ -2,6 +2,7 @@ package pml
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/gompi-org/gompi/internal/mpierr"
@@ -52,6 +53,40 @@ func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
 	e.Wait(nil, r)
 	st, err := r.status, r.err
 	e.putSpare(r)
+	return st, err
+}
+
+// Sendrecv receives into rbuf from src with rtag while it sends sbuf to
+// dest with stag (MPI_Sendrecv: the receive posted first, then a blocking
+// send, then the wait for the receive, as Open MPI's Irecv, Send, Wait).
+// The receive is a blocking Recv's request, not a Handle: nobody else
+// holds it. A send that fails cancels the receive unless it matched; the
+// result then has both errors. The caller validated the arguments.
+func (c *Comm) Sendrecv(sbuf Buffer, dest, stag int, rbuf Buffer, src, rtag int) (Status, error) {
+	e := c.e
+	r := e.takeSpare()
+	r.parks = e.parksOnly()
+	var posted *Request
+	if rbuf.Conv == nil {
+		posted, _ = c.postPlain(r, rbuf.Bytes, src, rtag, nil, false)
+	}
+	if posted == nil {
+		if _, err := c.postRecv(r, rbuf.Bytes, rbuf.Conv, src, rtag, kindRecv, nil); err != nil {
+			recycleUnstarted(r)
+			return Status{}, err
+		}
+	}
+	serr := c.Send(sbuf, dest, stag, Standard)
+	if serr != nil && c.Cancel(r) {
+		e.putSpare(r)
+		return Status{}, serr
+	}
+	e.Wait(nil, r)
+	st, err := r.status, r.err
+	e.putSpare(r)
+	if serr != nil {
+		err = errors.Join(err, serr)
+	}
 	return st, err
 }
 
