@@ -120,20 +120,29 @@ type keyed[L interface {
 	empty  int // lists in m that are empty
 	hotKey key
 	hot    L // the list of hotKey, or none (after a sweep)
+	// warm is the hot list before it (none after a sweep): a neighbour
+	// exchange's two directions, with a tag each, find theirs among the
+	// two without a map lookup.
+	warmKey key
+	warm    L
 }
 
-// get returns the list of k, the zero L if there is none.
+// get returns the list of k, the zero L if there is none. Inlined: its
+// callers are on every message's path.
 func (q *keyed[L]) get(k key) L {
 	var none L
 	if q.hot != none && q.hotKey == k {
 		return q.hot
+	}
+	if q.warm != none && q.warmKey == k {
+		return q.warm
 	}
 	if len(q.m) == 0 { // no list yet (the posted ones of a program that probes first)
 		return none
 	}
 	l := q.m[k]
 	if l != none {
-		q.hotKey, q.hot = k, l
+		q.warmKey, q.warm, q.hotKey, q.hot = q.hotKey, q.hot, k, l
 	}
 	return l
 }
@@ -141,7 +150,7 @@ func (q *keyed[L]) get(k key) L {
 // add enters l, a new list, for k.
 func (q *keyed[L]) add(k key, l L) {
 	q.m[k] = l
-	q.hotKey, q.hot = k, l
+	q.warmKey, q.warm, q.hotKey, q.hot = q.hotKey, q.hot, k, l
 }
 
 // emptied counts a list that became empty and reports whether the empty
@@ -163,7 +172,7 @@ func (q *keyed[L]) sweep(drop func(L)) {
 	}
 	q.empty = 0
 	var none L
-	q.hot = none
+	q.hot, q.warm = none, none
 }
 
 // minSweep is how many empty lists a keyed may keep before a sweep.
@@ -237,7 +246,15 @@ func (m *matchState) unpost(r *Request) bool {
 // handled in place: 51 instructions a message against findPosted's and
 // unpost's 76 (bench/instr.sh).
 func (m *matchState) takeFirst(src, tag int) *Request {
-	if l := m.spec.hot; l != nil && m.spec.hotKey == mkKey(int32(src), int32(tag)) && m.wild.head == nil && m.srcAny[src].head == nil {
+	k := mkKey(int32(src), int32(tag))
+	l := m.spec.hot
+	if m.spec.hotKey != k {
+		l = nil
+		if m.spec.warmKey == k {
+			l = m.spec.warm
+		}
+	}
+	if l != nil && m.wild.head == nil && m.srcAny[src].head == nil {
 		r := l.head
 		if r == nil || r.kind != kindRecv {
 			return nil
