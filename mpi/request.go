@@ -144,7 +144,10 @@ func WaitallInto(reqs []*Request, sts []Status) error {
 	// list under one hold of its lock (pml.Engine.RecycleAll), rather
 	// than one by one to the sync.Pool, whose shared queue costs a locked
 	// instruction each way once a window overflows its per-processor slot.
-	var batch [64]*pml.Request
+	// Most requests need no giving back (the engine recycled them at
+	// completion: only those whose wait held them then come back here),
+	// so the batch is small: the array is cleared at every call.
+	var batch [16]*pml.Request
 	nb := 0
 	var be *pml.Engine
 	flush := func() {
