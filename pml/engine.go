@@ -88,11 +88,10 @@ type Engine struct {
 	size     int
 	peers    []atomic.Pointer[peer] // by world rank; replaced only under mu
 	comms    map[uint32]*Comm
-	lastComm *Comm   // the communicator of the last matching fragment (a one-entry cache of comms)
-	parked   []*frag // matching fragments of communicators not created yet
-	fragFree []*frag // stored fragments given back, for copyFrag (recv_match.go)
-	reqs     map[uint64]*Request
-	nextID   uint64
+	lastComm *Comm    // the communicator of the last matching fragment (a one-entry cache of comms)
+	parked   []*frag  // matching fragments of communicators not created yet
+	fragFree []*frag  // stored fragments given back, for copyFrag (recv_match.go)
+	reqs     reqTable // rendezvous requests by the id peers name them with
 	nextCtx  uint32
 	reserved map[uint32]struct{}     // context ids being agreed on (ProposeContext)
 	toStart  []*Request              // matched rendezvous receives to start outside the lock
@@ -144,8 +143,6 @@ func New(cfg Config) (*Engine, error) {
 		peers:       make([]atomic.Pointer[peer], cfg.Size),
 		queues:      make([]sendQueue, cfg.Size),
 		comms:       map[uint32]*Comm{},
-		reqs:        map[uint64]*Request{},
-		nextID:      1,
 		nextCtx:     1,
 		spin:        p.Duration("pml_wait_spin"),
 		depth:       max(1, p.Int("pml_send_pipeline_depth")),
@@ -328,7 +325,7 @@ func (e *Engine) Queued() int { return int(e.poll.blocked.Load()) }
 func (e *Engine) Pending() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return len(e.reqs)
+	return e.reqs.len()
 }
 
 // Abort fails every pending request with err and every later call.
@@ -340,10 +337,10 @@ func (e *Engine) Abort(err error) {
 		e.troubled.Store(true)
 	}
 	var fail []*Request
-	for _, r := range e.reqs {
+	e.reqs.each(func(id uint64, r *Request) {
 		fail = append(fail, r)
-	}
-	clear(e.reqs)
+		e.reqs.del(id)
+	})
 	for _, c := range e.comms {
 		fail = c.m.drainPosted(fail)
 	}
@@ -404,14 +401,14 @@ func (e *Engine) PeerFailed(r int, err error) {
 	e.troubled.Store(true)
 	e.logf("pml: rank %d failed: %v", r, err)
 	var fail []*Request
-	for id, q := range e.reqs {
+	e.reqs.each(func(id uint64, q *Request) {
 		if q.peerWorld == r || q.kind == kindSend && q.tag < 0 && q.comm.has(r) {
 			// (A send of an internal tag belongs to an operation of the
 			// whole group, which fails: ft.go.)
 			fail = append(fail, q)
-			delete(e.reqs, id)
+			e.reqs.del(id)
 		}
-	}
+	})
 	for _, c := range e.comms {
 		cr, ok := c.commRank(r)
 		if !ok {

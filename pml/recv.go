@@ -512,7 +512,7 @@ func (e *Engine) finishRecvLocked(r *Request) {
 	}
 	r.mpiDone = true
 	if r.id != 0 {
-		delete(e.reqs, r.id)
+		e.reqs.del(r.id)
 	}
 	if r.regs != nil { // ranging over a nil map still starts an iterator (a call)
 		for _, reg := range r.regs {

@@ -296,9 +296,7 @@ func (e *Engine) deliver(r *Request, f *frag) {
 		e.unpack(r, 0, f.data)
 		r.received = len(f.data)
 	}
-	r.id = e.nextID
-	e.nextID++
-	e.reqs[r.id] = r
+	r.id = e.reqs.add(r)
 	r.flags |= 0x80 // marks "RGET" below when typ is RGET
 	if f.typ != hdr.TypeRget {
 		r.flags &^= 0x80

@@ -197,6 +197,18 @@ const yieldEvery = 1024
 
 // tick yields when n, a running count of calls, is a multiple of
 // yieldEvery.
+// startDone ends startSendSeq: its pooled header buffer, if it took one,
+// goes back, and every yieldEvery-th send yields.
+func startDone(hb *[hdr.MaxLen]byte, seq uint32) {
+	if hb != nil {
+		hdrPool.Put(hb)
+	}
+	tick(seq)
+}
+
+// A RNDV header fits a request's scratch bytes (startSendSeq).
+var _ [len(reqState{}.hbuf) - hdr.RndvLen]struct{}
+
 func tick(n uint32) {
 	if n&(yieldEvery-1) == 0 {
 		yield()
@@ -243,10 +255,22 @@ func (c *Comm) startSendSeq(r *Request, buf Buffer, dest, tag int, mode Mode, re
 	r.kind, r.comm, r.peer, r.tag, r.buf, r.mode, r.proto, r.release = kindSend, c, dest, tag, buf, mode, proto, release
 	r.msgLen, r.peerWorld, r.ep = size, p.world, p.ep
 	m := hdr.Match{Seq: uint16(seq), Ctx: c.ctx, Src: int32(c.rank), Tag: int32(tag)}
-	defer tick(seq) // a rendezvous is long: the defer costs nothing to speak of
 	e.count(proto, size)
-	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
-	defer hdrPool.Put(hb)
+	// The header is written into r's own scratch bytes, which every header
+	// here but an RGET's (with its registration handle) fits: a pooled
+	// buffer's Get and Put cost 140 instructions a rendezvous. The
+	// transports copy a header before the send call returns.
+	var hbp *[hdr.MaxLen]byte
+	hb := r.hbuf[:]
+	if proto == RDMADirectGet {
+		hbp = hdrPool.Get().(*[hdr.MaxLen]byte)
+		hb = hbp[:]
+	}
+	// One deferred call: with two, this function's returns made the
+	// compiler keep its defers on the heap-linked list (deferreturn and
+	// its search: 300 instructions of an 8 B Ssend round trip, bench/shapes
+	// -mode ssend under callgrind) instead of inline at each return.
+	defer startDone(hbp, seq)
 
 	if proto.Eager() {
 		if mode == Buffered && release != nil {
@@ -257,7 +281,7 @@ func (c *Comm) startSendSeq(r *Request, buf Buffer, dest, tag int, mode Mode, re
 			r.complete(Status{Source: dest, Tag: tag, Count: size}, nil)
 		}
 		if proto == EagerImmediate {
-			n := m.Encode(hb[:])
+			n := m.Encode(hb)
 			var data []byte
 			if contig {
 				data = buf.Bytes
@@ -276,7 +300,7 @@ func (c *Comm) startSendSeq(r *Request, buf Buffer, dest, tag int, mode Mode, re
 			}
 			r.proto = proto
 		}
-		done, err := c.sendEager(r, p, hb[:m.Encode(hb[:])])
+		done, err := c.sendEager(r, p, hb[:m.Encode(hb)])
 		if err != nil {
 			return err
 		}
@@ -313,9 +337,7 @@ func (c *Comm) startSendSeq(r *Request, buf Buffer, dest, tag int, mode Mode, re
 		}
 		return err
 	}
-	r.id = e.nextID
-	e.nextID++
-	e.reqs[r.id] = r
+	r.id = e.reqs.add(r)
 	if mode == Buffered && release != nil {
 		// The data lives in the attached buffer now: complete at MPI level.
 		r.mpiDone = true
@@ -327,7 +349,7 @@ func (c *Comm) startSendSeq(r *Request, buf Buffer, dest, tag int, mode Mode, re
 	case RDMADirectGet:
 		h := hdr.Rget{Match: m, MsgLen: uint64(size), SrcReq: r.id, Handle: handle}
 		h.Flags = hdr.FlagContig
-		n := h.Encode(hb[:])
+		n := h.Encode(hb)
 		return e.sendCtl(r, p, hdr.TypeRget, hb[:n])
 	case RDMADirectPut:
 		h := hdr.Rndv{Match: m, MsgLen: uint64(size), SrcReq: r.id}
@@ -335,7 +357,7 @@ func (c *Comm) startSendSeq(r *Request, buf Buffer, dest, tag int, mode Mode, re
 		if mode == Synchronous {
 			h.Flags |= hdr.FlagSync
 		}
-		n := h.Encode(hb[:])
+		n := h.Encode(hb)
 		return e.sendCtl(r, p, hdr.TypeRndv, hb[:n])
 	}
 	// RNDV with a first chunk: send pipeline, RDMA pipeline, buffered, synchronous.
@@ -346,7 +368,7 @@ func (c *Comm) startSendSeq(r *Request, buf Buffer, dest, tag int, mode Mode, re
 	if mode == Synchronous {
 		h.Flags |= hdr.FlagSync
 	}
-	n := h.Encode(hb[:])
+	n := h.Encode(hb)
 	first := min(size, FirstChunk(p.lim))
 	if over {
 		first = 0

@@ -75,6 +75,14 @@ func (e *Engine) sendChunk(r *Request, p *peer, t hdr.Type, h []byte, off, n int
 			return nil
 		}
 	}
+	return e.sendChunkCb(r, p, t, h, off, n)
+}
+
+// sendChunkCb is sendChunk with a completion callback. A function of its
+// own: the callback refers to n, which it may change, so n lives on the
+// heap from the function's entry, an allocation sendChunk's immediate
+// way does without.
+func (e *Engine) sendChunkCb(r *Request, p *peer, t hdr.Type, h []byte, off, n int) error {
 	cb := func(err error) { e.sendDone(r, n, err) }
 	var done bool
 	var err error
@@ -160,7 +168,7 @@ func (e *Engine) checkSendLocked(r *Request) {
 // was done already.
 func (e *Engine) endSendLocked(r *Request, st Status, err error) {
 	r.pmlDone = true
-	delete(e.reqs, r.id)
+	e.reqs.del(r.id)
 	if r.reg != nil {
 		r.reg.Release()
 		r.reg = nil
@@ -239,7 +247,7 @@ func (e *Engine) onAck(ep btl.Endpoint, b, _ []byte) {
 		return
 	}
 	e.mu.Lock()
-	r := e.reqs[h.SrcReq]
+	r := e.reqs.get(h.SrcReq)
 	if r == nil || r.kind != kindSend || r.peerWorld != ep.Peer() {
 		e.mu.Unlock()
 		e.protocolError(ep, "ACK for unknown send request %d", h.SrcReq)
@@ -288,7 +296,7 @@ func (e *Engine) onPut(ep btl.Endpoint, b, _ []byte) {
 		return
 	}
 	e.mu.Lock()
-	r := e.reqs[h.SrcReq]
+	r := e.reqs.get(h.SrcReq)
 	if r == nil || r.kind != kindSend || r.peerWorld != ep.Peer() {
 		e.mu.Unlock()
 		e.protocolError(ep, "PUT for unknown send request %d", h.SrcReq)
@@ -349,7 +357,7 @@ func (e *Engine) onFin(ep btl.Endpoint, b, _ []byte) {
 		return
 	}
 	e.mu.Lock()
-	r := e.reqs[h.Req]
+	r := e.reqs.get(h.Req)
 	if r == nil || r.peerWorld != ep.Peer() || (h.Size > 0 && (h.Offset > uint64(r.msgLen) || uint64(h.Size) > uint64(r.msgLen)-h.Offset)) {
 		e.mu.Unlock()
 		e.protocolError(ep, "FIN for unknown request %d or range", h.Req)
