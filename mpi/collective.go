@@ -22,14 +22,7 @@ func (c *Comm) Barrier() error {
 	}
 	n, me := c.Size(), c.Rank()
 	for k := 1; k < n; k *= 2 {
-		h, err := c.pc.IrecvHandle(pml.Buffer{}, (me-k+n)%n, tagBarrier)
-		if err != nil {
-			return err
-		}
-		if err := c.pc.Send(pml.Buffer{}, (me+k)%n, tagBarrier, pml.Standard); err != nil {
-			return err
-		}
-		if _, err := h.Wait(nil); err != nil {
+		if _, err := c.pc.Sendrecv(pml.Buffer{}, (me+k)%n, tagBarrier, pml.Buffer{}, (me-k+n)%n, tagBarrier); err != nil {
 			return err
 		}
 	}
