@@ -14,12 +14,14 @@ quiet() {
 # pair sets g and o to the figures that the caller's functions gompi_run
 # and ompi_run print: it waits (up to a minute) for the fast regime, runs
 # both, and runs them again (at most three tries) when the probe after
-# them does not read the fast regime.
+# them does not read the fast regime. A run that fails (its exit status,
+# a timeout) gives FAIL, which pair_table leaves out of the medians, and
+# a line on stderr: the other runs go on.
 pair() {
 	for _ in 1 2 3; do
 		for _ in $(seq 60); do quiet && break; sleep 1; done
-		g=$(gompi_run)
-		o=$(ompi_run)
+		g=$(gompi_run) || { echo "pair: a gompi run failed (exit $?)" >&2; g=FAIL; }
+		o=$(ompi_run) || { echo "pair: an Open MPI run failed (exit $?)" >&2; o=FAIL; }
 		quiet && break
 	done
 }
@@ -27,9 +29,12 @@ pair() {
 # Markdown row per KEY: "| KEY fields | median G | median O | ratio |".
 pair_table() {
 	awk '{ k = $2; for (i = 3; i < NF - 1; i++) k = k " | " $i
-  g[k] = g[k] " " substr($(NF - 1), 7); o[k] = o[k] " " substr($NF, 6) }
+  gv = substr($(NF - 1), 7); ov = substr($NF, 6)
+  if (gv ~ /^[0-9.]+$/) g[k] = g[k] " " gv
+  if (ov ~ /^[0-9.]+$/) o[k] = o[k] " " ov }
 function med(s,   a, n, i, j, v) { n = split(s, a, " ")
   for (i = 2; i <= n; i++) { v = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > v; j--) a[j + 1] = a[j]; a[j + 1] = v }
   return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-END { for (k in g) { mg = med(g[k]); mo = med(o[k]); printf "| %s | %.3f | %.3f | %.2fx |\n", k, mg, mo, mg / mo } }' "$1"
+END { for (k in g) { mg = med(g[k]); if (o[k] == "") { printf "| %s | %.3f | FAIL | - |\n", k, mg; continue }
+  mo = med(o[k]); printf "| %s | %.3f | %.3f | %.2fx |\n", k, mg, mo, mg / mo } }' "$1"
 }
