@@ -26,15 +26,19 @@ pair() {
 	done
 }
 # pair_table FILE: from lines "rROUND KEY... gompi=G ompi=O", one
-# Markdown row per KEY: "| KEY fields | median G | median O | ratio |".
+# Markdown row per KEY: "| KEY fields | median G | median O | ratio of the
+# medians | median of the rounds' G/O |". The last, the paired ratio, is
+# the one to quote on a guest whose runs fall into a fast and a slow state:
+# it compares runs made one after the other.
 pair_table() {
 	awk '{ k = $2; for (i = 3; i < NF - 1; i++) k = k " | " $i
   gv = substr($(NF - 1), 7); ov = substr($NF, 6)
   if (gv ~ /^[0-9.]+$/) g[k] = g[k] " " gv
-  if (ov ~ /^[0-9.]+$/) o[k] = o[k] " " ov }
+  if (ov ~ /^[0-9.]+$/) o[k] = o[k] " " ov
+  if (gv ~ /^[0-9.]+$/ && ov ~ /^[0-9.]+$/ && ov + 0 > 0) q[k] = q[k] " " gv / ov }
 function med(s,   a, n, i, j, v) { n = split(s, a, " ")
   for (i = 2; i <= n; i++) { v = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > v; j--) a[j + 1] = a[j]; a[j + 1] = v }
   return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-END { for (k in g) { mg = med(g[k]); if (o[k] == "") { printf "| %s | %.3f | FAIL | - |\n", k, mg; continue }
-  mo = med(o[k]); printf "| %s | %.3f | %.3f | %.2fx |\n", k, mg, mo, mg / mo } }' "$1"
+END { for (k in g) { mg = med(g[k]); if (o[k] == "") { printf "| %s | %.3f | FAIL | - | - |\n", k, mg; continue }
+  mo = med(o[k]); printf "| %s | %.3f | %.3f | %.2fx | %.2fx |\n", k, mg, mo, mg / mo, med(q[k]) } }' "$1"
 }

@@ -6,7 +6,8 @@
 # back to back. Rank counts above the number of CPUs oversubscribe the
 # machine (gorun --oversubscribe; mpirun --oversubscribe, where Open MPI
 # yields the CPU while it polls). Prints, per combination, the median
-# time per step of each library and gompi/Open MPI.
+# time per step of each library, gompi/Open MPI, and the median of the
+# rounds' own ratios (paired: runs made one after the other).
 #
 # Usage: bench/ring.sh [ROUNDS]   (default 5; from the repository root)
 #   NPS="2 4 8" BTLS="sm tcp" MODES="sr nb isr" SIZE=8 STEPS=20000 bench/ring.sh
@@ -43,6 +44,6 @@ for r in $(seq "$ROUNDS"); do
 	done
 done | tee "$BIN/runs.txt"
 echo "# median us/step over $ROUNDS rounds"
-echo "| ranks | transport | mode | gompi | Open MPI | gompi/Open MPI |"
-echo "| ---: | --- | --- | ---: | ---: | ---: |"
+echo "| ranks | transport | mode | gompi | Open MPI | gompi/Open MPI | paired |"
+echo "| ---: | --- | --- | ---: | ---: | ---: | ---: |"
 pair_table "$BIN/runs.txt" | sort -t'|' -k2,2n -k3,3 -k4,4

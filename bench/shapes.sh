@@ -6,7 +6,8 @@
 # 2 ranks, in gompi and in Open MPI on this machine, side by side: ROUNDS
 # rounds, each running every combination of transport and mode once for
 # each library, back to back. Prints, per combination, the median half
-# round trip (the whole Barrier) of each library and gompi/Open MPI.
+# round trip (the whole Barrier) of each library, gompi/Open MPI, and the
+# median of the rounds' own ratios (paired: runs made one after the other).
 #
 # Usage: bench/shapes.sh [ROUNDS]   (default 5; from the repository root)
 #   BTLS="sm tcp" MODES="probe mprobe any test waitany ssend barrier" SIZE=8 ITERS=200000 bench/shapes.sh
@@ -40,6 +41,6 @@ for r in $(seq "$ROUNDS"); do
 	done
 done | tee "$BIN/runs.txt"
 echo "# median us over $ROUNDS rounds"
-echo "| transport | mode | gompi | Open MPI | gompi/Open MPI |"
-echo "| --- | --- | ---: | ---: | ---: |"
+echo "| transport | mode | gompi | Open MPI | gompi/Open MPI | paired |"
+echo "| --- | --- | ---: | ---: | ---: | ---: |"
 pair_table "$BIN/runs.txt" | sort
