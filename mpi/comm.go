@@ -455,14 +455,16 @@ func (m *Message) Irecv(buf any) (*Request, error) {
 	if m == nil || m.c == nil {
 		return nil, mpierr.Errorf(mpierr.ErrArg, "nil message")
 	}
-	b, err := toBuffer(buf, false)
+	// The buffer's parts, built into the call's argument: a pml.Buffer
+	// returned by value (toBuffer) goes through memory (bufferOf).
+	mem, conv, err := bufferOf(buf, false)
 	if err != nil {
 		return nil, err
 	}
 	if m.null {
 		return doneRequest(nullStatus), nil
 	}
-	h, err := m.c.pc.Mrecv(&m.m, b)
+	h, err := m.c.pc.Mrecv(&m.m, pml.Buffer{Bytes: mem, Conv: conv})
 	if err != nil {
 		return nil, err
 	}
