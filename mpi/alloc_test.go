@@ -225,7 +225,7 @@ func TestExchangeAllocations(t *testing.T) {
 		}
 		reqs := make([]*mpi.Request, 4)
 		sts := make([]mpi.Status, 4)
-		nonblocking := func() {
+		start := func() bool { // Irecv, Irecv, Isend, Isend
 			var err [4]error
 			reqs[0], err[0] = w.Irecv(b, peer, 1)
 			reqs[1], err[1] = w.Irecv(d, peer, 2)
@@ -234,24 +234,22 @@ func TestExchangeAllocations(t *testing.T) {
 			for _, e := range err {
 				if e != nil {
 					failed = e
-					return
+					return false
 				}
+			}
+			return true
+		}
+		nonblocking := func() {
+			if !start() {
+				return
 			}
 			if e := mpi.WaitallInto(reqs, sts); e != nil {
 				failed = e
 			}
 		}
 		waitall := func() {
-			var err [4]error
-			reqs[0], err[0] = w.Irecv(b, peer, 1)
-			reqs[1], err[1] = w.Irecv(d, peer, 2)
-			reqs[2], err[2] = w.Isend(a, peer, 1)
-			reqs[3], err[3] = w.Isend(c, peer, 2)
-			for _, e := range err {
-				if e != nil {
-					failed = e
-					return
-				}
+			if !start() {
+				return
 			}
 			st, e := mpi.Waitall(reqs)
 			if e == nil && (st[0].Tag != 1 || st[1].Tag != 2 || st[1].Count != len(d)) {
