@@ -197,6 +197,12 @@ const yieldEvery = 1024
 
 // tick yields when n, a running count of calls, is a multiple of
 // yieldEvery.
+func tick(n uint32) {
+	if n&(yieldEvery-1) == 0 {
+		yield()
+	}
+}
+
 // startDone ends startSendSeq: its pooled header buffer, if it took one,
 // goes back, and every yieldEvery-th send yields.
 func startDone(hb *[hdr.MaxLen]byte, seq uint32) {
@@ -208,12 +214,6 @@ func startDone(hb *[hdr.MaxLen]byte, seq uint32) {
 
 // A RNDV header fits a request's scratch bytes (startSendSeq).
 var _ [len(reqState{}.hbuf) - hdr.RndvLen]struct{}
-
-func tick(n uint32) {
-	if n&(yieldEvery-1) == 0 {
-		yield()
-	}
-}
 
 // yield is runtime.Gosched (a variable for a test that counts the yields).
 var yield = runtime.Gosched
