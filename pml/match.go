@@ -103,8 +103,9 @@ type matchState struct {
 }
 
 // keyed is one queue's lists per (source, tag), posted receives' or
-// unexpected messages': found by hash, or, the list used last (hot: a
-// program that receives from one peer on one tag), without. A list
+// unexpected messages': found by hash, or, for the two lists found last
+// (hot and warm: a program that receives from one peer on one tag, or on
+// two), without. A list
 // emptied stays in the map for the next use of its key, the common case
 // (a map insert and delete per message cost 250 instructions of a
 // Probe-then-Recv ping-pong's, and a map left empty draws a new hash
