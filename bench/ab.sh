@@ -43,39 +43,7 @@ one() { # BUILD: the run's "size=value " pairs
 }
 for r in $(seq "$ROUNDS"); do
   for build in "$@"; do
-    out=
-    for try in 1 2 3; do
-      for _ in $(seq 60); do quiet && break; sleep 1; done
-      out=$(one "$build") || true
-      quiet && break
-    done
-    echo "r$r $build $out"
+    echo "r$r $build $(gated one "$build")"
   done
 done | tee "$BIN/runs"
-echo "# median (min-max) over $ROUNDS rounds, $MODE:"
-# One "build figure<TAB>value" line per figure of every run, sorted by
-# figure then value, so the median is the middle line of each group (plain
-# POSIX awk: Debian's default awk, mawk, has no asort).
-awk '{ for (i = 3; i <= NF; i++) { split($i, kv, "="); printf "%s %s\t%s\n", $2, kv[1], kv[2] } }' "$BIN/runs" |
-  sort -t "$(printf '\t')" -k1,1 -k2,2g |
-  awk -F '\t' 'function out() { printf "%s  %s (%s-%s)\n", k, a[int((n + 1) / 2)], a[1], a[n]; n = 0 }
-    $1 != k && n > 0 { out() }
-    { k = $1; a[++n] = $2 }
-    END { if (n > 0) out() }'
-# The same rounds paired: each build's figure over the first build's in the
-# same round, median (min-max) of those ratios per size, and in how many
-# rounds the ratio was above 1. On a guest whose runs fall into a fast and a
-# slow mode, the medians above depend on how many runs each build had in
-# each mode; the paired ratios much less.
-[ $# -ge 2 ] || exit 0
-echo "# paired with $1: median (min-max) of the ratio, rounds above 1, $MODE:"
-awk -v first="$1" '{ for (i = 3; i <= NF; i++) { split($i, kv, "="); v[$1, $2, kv[1]] = kv[2]; if (!(kv[1] in seen)) { seen[kv[1]]; sizes[++ns] = kv[1] } }
-    if (!($2 in bseen)) { bseen[$2]; builds[++nb] = $2 }; rounds[$1] }
-  END { for (r in rounds) for (b = 1; b <= nb; b++) if (builds[b] != first) for (s = 1; s <= ns; s++) {
-      base = v[r, first, sizes[s]]; x = v[r, builds[b], sizes[s]]
-      if (base > 0 && x != "") printf "%s %s\t%.4f\n", builds[b], sizes[s], x / base } }' "$BIN/runs" |
-  sort -t "$(printf '\t')" -k1,1 -k2,2g |
-  awk -F '\t' 'function out() { printf "%s  %.3f (%.3f-%.3f) %d/%d\n", k, a[int((n + 1) / 2)], a[1], a[n], above, n; n = 0; above = 0 }
-    $1 != k && n > 0 { out() }
-    { k = $1; a[++n] = $2; if ($2 > 1) above++ }
-    END { if (n > 0) out() }'
+ab_tables "$BIN/runs" "$MODE"

@@ -25,9 +25,7 @@ STEPS=${STEPS:-20000}
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
 . bench/gate.sh
-go build -o "$BIN/gorun" ./cmd/gorun
-go build -o "$BIN/ring" ./bench/ring
-mpicc.openmpi -O2 -Wall -o "$BIN/ring-ompi" bench/ring.c
+build_side_by_side ring
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $ROUNDS rounds, $SIZE B, $STEPS steps"
 for r in $(seq "$ROUNDS"); do
 	for np in $NPS; do

@@ -24,9 +24,7 @@ ITERS=${ITERS:-200000}
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
 . bench/gate.sh
-go build -o "$BIN/gorun" ./cmd/gorun
-go build -o "$BIN/shapes" ./bench/shapes
-mpicc.openmpi -O2 -Wall -o "$BIN/shapes-ompi" bench/shapes.c
+build_side_by_side shapes
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $ROUNDS rounds, $SIZE B, $ITERS steps"
 for r in $(seq "$ROUNDS"); do
 	for t in $BTLS; do
