@@ -36,34 +36,28 @@ func (c *Comm) checkSlow() error {
 }
 
 // Recv is a blocking receive; it allocates nothing for an eager message.
+//
+// Sendrecv posts its receive with the same lines: the two shared one
+// function, whose call cost a blocking ping-pong 24 instructions a
+// message (bench/instr.sh: 1665.4 against 1689.2).
 func (c *Comm) Recv(buf Buffer, src, tag int) (Status, error) {
-	r, err := c.postSpare(buf, src, tag)
-	if err != nil {
-		return Status{}, err
-	}
 	e := c.e
+	r := e.takeSpare()
+	r.parks = e.parksOnly() // Wait parks at once (spinWait)
+	var posted *Request
+	if buf.Conv == nil {
+		posted, _ = c.postPlain(r, buf.Bytes, src, tag, nil, false)
+	}
+	if posted == nil {
+		if _, err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv, nil); err != nil {
+			recycleUnstarted(r)
+			return Status{}, err
+		}
+	}
 	e.Wait(nil, r)
 	st, err := r.status, r.err
 	e.putSpare(r)
 	return st, err
-}
-
-// postSpare posts a blocking receive (Recv's, Sendrecv's) on a spare
-// request, which it returns.
-func (c *Comm) postSpare(buf Buffer, src, tag int) (*Request, error) {
-	e := c.e
-	r := e.takeSpare()
-	r.parks = e.parksOnly() // Wait parks at once (spinWait)
-	if buf.Conv == nil {
-		if posted, _ := c.postPlain(r, buf.Bytes, src, tag, nil, false); posted != nil {
-			return r, nil
-		}
-	}
-	if _, err := c.postRecv(r, buf.Bytes, buf.Conv, src, tag, kindRecv, nil); err != nil {
-		recycleUnstarted(r)
-		return nil, err
-	}
-	return r, nil
 }
 
 // Sendrecv receives into rbuf from src with rtag while it sends sbuf to
@@ -73,11 +67,19 @@ func (c *Comm) postSpare(buf Buffer, src, tag int) (*Request, error) {
 // holds it. A send that fails cancels the receive unless it matched; the
 // result then has both errors. The caller validated the arguments.
 func (c *Comm) Sendrecv(sbuf Buffer, dest, stag int, rbuf Buffer, src, rtag int) (Status, error) {
-	r, err := c.postSpare(rbuf, src, rtag)
-	if err != nil {
-		return Status{}, err
-	}
 	e := c.e
+	r := e.takeSpare()
+	r.parks = e.parksOnly()
+	var posted *Request
+	if rbuf.Conv == nil {
+		posted, _ = c.postPlain(r, rbuf.Bytes, src, rtag, nil, false)
+	}
+	if posted == nil {
+		if _, err := c.postRecv(r, rbuf.Bytes, rbuf.Conv, src, rtag, kindRecv, nil); err != nil {
+			recycleUnstarted(r)
+			return Status{}, err
+		}
+	}
 	serr := c.Send(sbuf, dest, stag, Standard)
 	if serr != nil && c.Cancel(r) {
 		e.putSpare(r)

@@ -27,15 +27,7 @@ func (e *Engine) runStarts() {
 }
 
 func (e *Engine) sendAck(r *Request, off, size int, flags uint8) {
-	// The header goes in r's scratch bytes unless an RGET's handle is
-	// kept there (a pooled buffer's Get and Put cost 140 instructions of
-	// a synchronous send's round trip). The transports copy it.
-	var hbp *[hdr.MaxLen]byte
-	hb := r.hbuf[:]
-	if r.handle != nil {
-		hbp = hdrPool.Get().(*[hdr.MaxLen]byte)
-		hb = hbp[:]
-	}
+	hb, hbp := r.headerSpace(r.handle != nil) // an RGET's handle is kept in the scratch bytes
 	h := hdr.Ack{Flags: flags, SrcReq: r.srcReq, DstReq: r.id, SendOffset: uint64(off), SendSize: uint64(size)}
 	n := h.Encode(hb)
 	if err := e.sendImmTo(r.peerWorld, r.ep, btl.Tag(hdr.TypeAck), hb[:n], nil); err != nil {
@@ -43,13 +35,8 @@ func (e *Engine) sendAck(r *Request, off, size int, flags uint8) {
 			e.PeerFailed(r.peerWorld, err)
 		}
 	}
-	if hbp != nil {
-		hdrPool.Put(hbp)
-	}
+	putHeaderSpace(hbp)
 }
-
-// An ACK header fits a request's scratch bytes (sendAck).
-var _ [len(reqState{}.hbuf) - hdr.AckLen]struct{}
 
 // startRecv runs the receiver's side of a matched RNDV or RGET (notes A.5).
 func (e *Engine) startRecv(r *Request) {

@@ -7,8 +7,9 @@ package pml
 // (a late or forged header) finds nothing, as ob1's request pointers in
 // the header find their request without a search. A map keyed by a
 // counter did the same for an insert and a delete per rendezvous message
-// that cost 330 instructions of an 8 B Ssend round trip (the delete that
-// empties a map draws a new hash seed). Guarded by Engine.mu.
+// that cost 330 instructions of an 8 B Ssend round trip (bench/shapes
+// -mode ssend under callgrind: mapassign, Delete and the new hash seed
+// that the delete emptying a map draws). Guarded by Engine.mu.
 type reqTable struct {
 	slots []reqSlot
 	free  []uint32 // indices of empty slots

@@ -206,14 +206,9 @@ func tick(n uint32) {
 // startDone ends startSendSeq: its pooled header buffer, if it took one,
 // goes back, and every yieldEvery-th send yields.
 func startDone(hb *[hdr.MaxLen]byte, seq uint32) {
-	if hb != nil {
-		hdrPool.Put(hb)
-	}
+	putHeaderSpace(hb)
 	tick(seq)
 }
-
-// A RNDV header fits a request's scratch bytes (startSendSeq).
-var _ [len(reqState{}.hbuf) - hdr.RndvLen]struct{}
 
 // yield is runtime.Gosched (a variable for a test that counts the yields).
 var yield = runtime.Gosched
@@ -256,16 +251,7 @@ func (c *Comm) startSendSeq(r *Request, buf Buffer, dest, tag int, mode Mode, re
 	r.msgLen, r.peerWorld, r.ep = size, p.world, p.ep
 	m := hdr.Match{Seq: uint16(seq), Ctx: c.ctx, Src: int32(c.rank), Tag: int32(tag)}
 	e.count(proto, size)
-	// The header is written into r's own scratch bytes, which every header
-	// here but an RGET's (with its registration handle) fits: a pooled
-	// buffer's Get and Put cost 140 instructions a rendezvous. The
-	// transports copy a header before the send call returns.
-	var hbp *[hdr.MaxLen]byte
-	hb := r.hbuf[:]
-	if proto == RDMADirectGet {
-		hbp = hdrPool.Get().(*[hdr.MaxLen]byte)
-		hb = hbp[:]
-	}
+	hb, hbp := r.headerSpace(proto == RDMADirectGet) // an RGET carries a handle
 	// One deferred call: with two, this function's returns made the
 	// compiler keep its defers on the heap-linked list (deferreturn and
 	// its search: 300 instructions of an 8 B Ssend round trip, bench/shapes
