@@ -381,14 +381,16 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 // and the scheduler preempts after 10 ms).
 //
 // When ranks outnumber cores (osYield), each poll that finds nothing is
-// followed by runtime.Gosched and sched_yield, as Open MPI's progress loop
-// yields with mpi_yield_when_idle: the rank this one waits for is often
-// waiting for this core, and gets it at once instead of at the end of a
-// time slice, while a waiter alone on its core goes on polling (the call
-// returns at once). Gosched first lets the rank's own goroutines run
-// (gorun gives such a rank GOMAXPROCS=1, and they would wait for the
-// 4096th poll). It spins for pml_wait_yield, then parks as any waiter
-// does.
+// followed by sched_yield, as Open MPI's progress loop yields with
+// mpi_yield_when_idle: the rank this one waits for is often waiting for
+// this core, and gets it at once instead of at the end of a time slice,
+// while a waiter alone on its core goes on polling (the call returns at
+// once). Every 16th poll runtime.Gosched first lets the rank's own
+// goroutines run (gorun gives such a rank GOMAXPROCS=1, and they would
+// wait for the 4096th poll); at every poll, it and the clock read cost
+// the step of a neighbour exchange about 10% (two ranks on one core,
+// bench/ring over sm). It spins for pml_wait_yield, then parks as any
+// waiter does.
 func (e *Engine) spinWait(r *Request, cond func() bool, size int, bulk bool) bool {
 	if e.spin <= 0 || !e.poll.active() {
 		if e.inbox != nil {
@@ -429,11 +431,17 @@ func (e *Engine) spinWait(r *Request, cond func() bool, size int, bulk bool) boo
 					// At once, not after 256 polls: the background
 					// goroutine naps while a waiter polls, instead of
 					// taking turns on the shared cores with it.
-					start = time.Now()
 					e.poll.spinners.Add(1)
 					counted = true
 				}
-				runtime.Gosched()
+				if i&15 == 0 {
+					// The rank's own goroutines get the processor
+					// every 16th poll, and the clock starts there.
+					if start.IsZero() {
+						start = time.Now()
+					}
+					runtime.Gosched()
+				}
 				sys.OSYield()
 			} else if bulk {
 				bulkPause()
@@ -446,8 +454,10 @@ func (e *Engine) spinWait(r *Request, cond func() bool, size int, bulk bool) boo
 			}
 			if start.IsZero() {
 				start = time.Now()
-				e.poll.spinners.Add(1)
-				counted = true
+				if !counted {
+					e.poll.spinners.Add(1)
+					counted = true
+				}
 			} else if time.Since(start) > e.spin {
 				e.poll.endSpin(held, counted)
 				return false
