@@ -174,7 +174,7 @@ func (e *Engine) deliverInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byt
 // before its receive was posted, as when ranks outnumber cores
 // (bench/instr.sh: probe ping-pong 2759 -> 2571 instructions a message;
 // callgrind of bench/ring -mode nb with two ranks on one core: 4817 ->
-// 4393 a step). e.mu held.
+// 4350 a step). e.mu held.
 func (e *Engine) queueInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byte) bool {
 	ps := &c.seqs[m.Src]
 	if m.Seq != ps.expect || ps.ooo != nil || c.m.findPosted(int(m.Src), int(m.Tag)) != nil {
