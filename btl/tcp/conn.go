@@ -543,10 +543,18 @@ func (c *conn) getRequest(reg, off, length, req uint64) error {
 	return nil
 }
 
+// testGetReplyTaken, when set (by a test, before the job opens), runs on
+// the reader once a GETREPLY's Get is taken out of the endpoint's map,
+// before its bytes are read.
+var testGetReplyTaken func()
+
 func (c *conn) getTarget(req, length uint64) ([]byte, *getOp, error) {
-	op := c.ep.takeGet(req)
+	op := c.ep.takeGetReply(req)
 	if op == nil {
 		return nil, nil, protof("GETREPLY for unknown request %d", req)
+	}
+	if testGetReplyTaken != nil {
+		testGetReplyTaken()
 	}
 	if uint64(len(op.local)) != length {
 		c.getting = op // completed with the connection's error

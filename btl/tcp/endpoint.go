@@ -45,13 +45,18 @@ type endpoint struct {
 	gets    map[uint64]*getOp // Gets waiting for their reply
 	fences  []*fence          // Flushes waiting for what was posted before them
 	fenceN  uint64            // Flush calls so far (a Get records the count)
+	// replying counts the Gets whose GETREPLY is being read: out of gets
+	// (a second reply for one is refused) but not finished, so that a
+	// Flush waits for them too.
+	replying int
 }
 
 // getOp is a Get waiting for its GETREPLY.
 type getOp struct {
-	local []byte
-	cb    btl.Completion
-	fence uint64 // endpoint.fenceN when the Get was posted: fences later than that wait for it
+	local    []byte
+	cb       btl.Completion
+	fence    uint64 // endpoint.fenceN when the Get was posted: fences later than that wait for it
+	replying bool   // counted in endpoint.replying (takeGetReply)
 }
 
 // fence is a Flush waiting for its marker frame (behind every frame queued
@@ -275,6 +280,21 @@ func (e *endpoint) takeGet(req uint64) *getOp {
 	return op
 }
 
+// takeGetReply is takeGet for the reader of Get req's reply: the Get
+// stays counted (replying) until getFinished, so that a Flush called
+// while its bytes are being read waits for them.
+func (e *endpoint) takeGetReply(req uint64) *getOp {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	op := e.gets[req]
+	if op != nil {
+		delete(e.gets, req)
+		op.replying = true
+		e.replying++
+	}
+	return op
+}
+
 // Flush completes once every frame queued on the endpoint before it has
 // been written (Send, SendAlloc and Put complete then: their bytes are in
 // the kernel's socket buffer) and every Get posted before it has its
@@ -296,7 +316,7 @@ func (e *endpoint) Flush(cb btl.Completion) (bool, error) {
 	}
 	e.fenceN++
 	f.n = e.fenceN
-	f.out += len(e.gets) // every Get in the map was posted before this fence
+	f.out += len(e.gets) + e.replying // every Get in the map or being replied to was posted before this fence
 	e.fences = append(e.fences, f)
 	e.mu.Unlock()
 	done, err := e.mark(func(err error) { e.fencePart(f, err) })
@@ -376,6 +396,10 @@ func (e *endpoint) dropFence(f *fence) {
 // that it completed with err; its own completion ran before.
 func (e *endpoint) getFinished(op *getOp, err error) {
 	e.mu.Lock()
+	if op.replying {
+		op.replying = false
+		e.replying--
+	}
 	var done []*fence
 	for _, f := range e.fences {
 		if op.fence >= f.n {

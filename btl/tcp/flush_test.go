@@ -186,3 +186,67 @@ func TestFlushWaitsForBacklog(t *testing.T) {
 	require.Empty(t, errs)
 	require.Empty(t, seen, "Flush completed twice")
 }
+
+// TestFlushWaitsForGetReply: a Flush called while the reply of a Get
+// posted before it is being read (its Get already out of the endpoint's
+// map of Gets in flight) completes only after the Get: when the Flush's
+// completion runs, the Get's has, and its bytes are in place.
+func TestFlushWaitsForGetReply(t *testing.T) {
+	taken, resume := make(chan struct{}), make(chan struct{})
+	testGetReplyTaken = func() {
+		taken <- struct{}{}
+		<-resume
+	}
+	t.Cleanup(func() { testGetReplyTaken = nil })
+	ranks := openJob(t, btltest.NewStore(), 2, [2]string{"btl_tcp_flags", "send,put,get"})
+	var once sync.Once
+	release := func() { once.Do(func() { close(resume) }) }
+	t.Cleanup(release) // before the job's close, which waits for the reader
+	_, err := ranks[1].mods[0].AddProc(0)
+	require.NoError(t, err)
+	ep, err := ranks[0].mods[0].AddProc(1)
+	require.NoError(t, err)
+	src := make([]byte, 64<<10)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	reg, err := ranks[1].mods[0].Register(src, btl.AccessRemoteRead)
+	require.NoError(t, err)
+	defer reg.Release()
+
+	local := make([]byte, len(src))
+	var getDone atomic.Bool
+	fin, err := ep.Get(local, reg.Handle(), 0, func(err error) {
+		if err != nil {
+			t.Errorf("Get: %v", err)
+		}
+		getDone.Store(true)
+	})
+	require.NoError(t, err)
+	require.False(t, fin, "a Get over tcp completes when its reply arrives")
+	select {
+	case <-taken: // the reader holds the reply: nobody polls here
+	case <-time.After(20 * time.Second):
+		t.Fatal("no GETREPLY arrived")
+	}
+	flushed := make(chan bool, 2)
+	fin, err = ep.Flush(func(err error) {
+		require.NoError(t, err)
+		flushed <- getDone.Load()
+	})
+	require.NoError(t, err)
+	require.False(t, fin, "Flush done at once while the reply of a Get before it is being read")
+	select {
+	case <-flushed:
+		t.Fatal("Flush completed while the reply of a Get before it was being read")
+	default:
+	}
+	release()
+	select {
+	case ok := <-flushed:
+		require.True(t, ok, "Flush completed before the Get's completion")
+	case <-time.After(20 * time.Second):
+		t.Fatal("Flush did not complete")
+	}
+	require.Equal(t, src, local, "Get's bytes when the Flush completed")
+}
