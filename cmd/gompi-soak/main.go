@@ -133,6 +133,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 			return errors.Join(err, gerr)
 		}, opts...)
+		if err == nil {
+			// The attached buffer is the process's, not the job's: give
+			// it back (every buffered message has been delivered), so that
+			// a later job in this process can attach its own.
+			_, err = mpi.BufferDetach()
+		}
 		return finish(stdout, stderr, *inproc, total, time.Since(start), err)
 	}
 	world, err := mpi.Init(opts...)
