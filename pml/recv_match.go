@@ -172,7 +172,7 @@ func (e *Engine) deliverInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byt
 // copyFrag) and searches the posted receives twice more; this is the way
 // of the message a blocking Probe or Mprobe waits for and of one sent
 // before its receive was posted, as when ranks outnumber cores
-// (bench/instr.sh: probe ping-pong 2759 -> 2571 instructions a message;
+// (bench/instr.sh: probe ping-pong 2759 -> 2531 instructions a message;
 // callgrind of bench/ring -mode nb with two ranks on one core: 4817 ->
 // 4350 a step). e.mu held.
 func (e *Engine) queueInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byte) bool {

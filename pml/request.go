@@ -389,8 +389,10 @@ func (e *Engine) WaitAny(reqs []*Request) int {
 // goroutines run (gorun gives such a rank GOMAXPROCS=1, and they would
 // wait for the 4096th poll); at every poll, it and the clock read cost
 // the step of a neighbour exchange about 10% (two ranks on one core,
-// bench/ring over sm). It spins for pml_wait_yield, then parks as any
-// waiter does.
+// bench/ring over sm), while a program whose other goroutine sends as one
+// waits moved as many messages either way (gompi-soak, 4 ranks on 2
+// cores, 6 alternated runs). It spins for pml_wait_yield, then parks as
+// any waiter does.
 func (e *Engine) spinWait(r *Request, cond func() bool, size int, bulk bool) bool {
 	if e.spin <= 0 || !e.poll.active() {
 		if e.inbox != nil {
