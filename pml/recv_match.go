@@ -68,6 +68,9 @@ func (e *Engine) onMatchingFrag(ep btl.Endpoint, b, data []byte) {
 			e.protocolError(ep, "RNDV carries %d bytes of a %d-byte message", len(data), h.MsgLen)
 			return
 		}
+		if int(h.MsgLen) == len(data) && e.rndvWhole(ep, &h, data) {
+			return
+		}
 		f.m, f.msgLen, f.srcReq = h.Match, int(h.MsgLen), h.SrcReq
 	case hdr.TypeRget:
 		h, _, err := hdr.DecodeRget(b)
@@ -190,6 +193,48 @@ func (e *Engine) queueInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byte)
 	c.m.addUnexpected(f)
 	e.heldLocked(c, f, 1)
 	e.flowCheckLocked(c, m.Src)
+	return true
+}
+
+// rndvWhole is arrive, match and the receiver's start for an RNDV that
+// carries its whole message (a synchronous send of an eager size, say):
+// in sequence with nothing parked behind it, for a posted receive (not a
+// probe), the message is stored and the receive completed as an eager
+// one (deliverEager), and the ACK that completes the sender's request
+// goes out at once, with no receive request id (nothing more of the
+// message will come to need one). The general way built a frag, registered
+// the receive by id, queued it to be started and took the lock twice more
+// (bench/shapes -mode ssend). False changes nothing: admitLocked then takes
+// the fragment.
+func (e *Engine) rndvWhole(ep btl.Endpoint, h *hdr.Rndv, data []byte) bool {
+	p := e.peerOf(ep)
+	if p == nil {
+		return false
+	}
+	e.mu.Lock()
+	if e.closed != nil || p.failed != nil {
+		e.mu.Unlock()
+		return false
+	}
+	c := e.commLocked(h.Ctx)
+	if c == nil || !c.fromRank(h.Src, p.world) || !c.deliverEager(nil, h.Src, h.Tag, h.Seq, p, data) {
+		e.mu.Unlock()
+		return false
+	}
+	due := len(e.grants) != 0
+	e.mu.Unlock()
+	if due {
+		e.sendGrants()
+	}
+	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
+	a := hdr.Ack{Flags: hdr.FlagNoRDMA, SrcReq: h.SrcReq, SendOffset: h.MsgLen}
+	n := a.Encode(hb[:])
+	if err := e.sendImmTo(p.world, p.ep, btl.Tag(hdr.TypeAck), hb[:n], nil); err != nil {
+		if _, err := e.sendTo(p.world, p.ep, btl.Tag(hdr.TypeAck), hb[:n], nil, func(error) {}); err != nil {
+			e.PeerFailed(p.world, err)
+		}
+	}
+	hdrPool.Put(hb)
 	return true
 }
 
