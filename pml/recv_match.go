@@ -204,8 +204,8 @@ func (e *Engine) queueInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byte)
 // goes out at once, with no receive request id (nothing more of the
 // message will come to need one). The general way built a frag, registered
 // the receive by id, queued it to be started and took the lock twice more
-// (bench/shapes -mode ssend over sm: 0.371 against 0.319 us). False changes
-// nothing: admitLocked then takes the fragment.
+// (bench/shapes -mode ssend over sm: 0.371 us that way, 0.319 this one).
+// False changes nothing: admitLocked then takes the fragment.
 func (e *Engine) rndvWhole(ep btl.Endpoint, h *hdr.Rndv, data []byte) bool {
 	p := e.peerOf(ep)
 	if p == nil {
