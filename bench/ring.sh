@@ -14,8 +14,8 @@
 #   CORES=0 NPS=2 bench/ring.sh   both libraries' ranks on CPU 0 alone
 #     (taskset -c CORES): gorun then counts fewer CPUs than ranks and its
 #     waits yield; mpirun, which counts the host's cores, is told to yield
-#     (mpi_yield_when_idle) and not to bind. Runs of one core do not share
-#     it with the host's other guests' timing, so they vary less.
+#     (mpi_yield_when_idle) and not to bind. Runs on one core vary less
+#     than runs spread over two, which move with the ranks' placement.
 #   QUIET_NS=60 bench/ring.sh   each pair of runs waits (up to a minute) for
 #     the anchor's cache-line probe to read below 60 ns, and runs again (at
 #     most three tries) when the probe after it does not (bench/ab.sh)
