@@ -15,7 +15,8 @@
 # Usage: bench/instr.sh [WINDOWS]   (default 3000)
 #   CG_SIZE=64 bench/instr.sh   the rate window with 64-byte messages
 #   OUT=DIR bench/instr.sh   also keeps the profiles (DIR/cg.Send.out,
-#     DIR/cg.Recv.out, DIR/cg.Round.out, DIR/cg.probe.out, DIR/cg.mprobe.out)
+#     DIR/cg.Recv.out, DIR/cg.Round.out, DIR/cg.probe.out, DIR/cg.mprobe.out,
+#     DIR/cg.ssend.out)
 #     for callgrind_annotate --auto=yes
 set -euo pipefail
 BIN=$(mktemp -d)
@@ -44,4 +45,8 @@ for mode in probe mprobe; do
   CG_MODE=$mode CG_ROUNDS=$R GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 timeout 120 valgrind --tool=callgrind --toggle-collect='*cgProbeRound*' --callgrind-out-file="$BIN/cg.$mode.out" ./smpml.test -test.run TestCGProbeRoundTrip -test.bench NONE >/dev/null 2>&1
   callgrind_annotate "$BIN/cg.$mode.out" 2>/dev/null | awk -v m=$((R * 2)) -v mode=$mode '/PROGRAM TOTALS/ { gsub(",", "", $1); printf "ping-pong 8 B, %s: %.1f instructions/message\n", mode, $1 / m }'
 done
+# Synchronous sends (TestCGSsendRoundTrip): Isend in synchronous mode, the
+# peer's Recv (which answers the RNDV with an ACK), the sender's Wait.
+CG_ROUNDS=$R GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 timeout 120 valgrind --tool=callgrind --toggle-collect='*cgSsendRound*' --callgrind-out-file="$BIN/cg.ssend.out" ./smpml.test -test.run TestCGSsendRoundTrip -test.bench NONE >/dev/null 2>&1
+callgrind_annotate "$BIN/cg.ssend.out" 2>/dev/null | awk -v m=$((R * 2)) '/PROGRAM TOTALS/ { gsub(",", "", $1); printf "ping-pong 8 B, ssend: %.1f instructions/message\n", $1 / m }'
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp "$BIN"/cg.*.out "$OUT"/; fi

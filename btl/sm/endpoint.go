@@ -114,6 +114,19 @@ func (e *endpoint) sizeError(hn int, data []byte) error {
 // nil the fragment is in the peer's fast box or FIFO. It never references
 // hdr or data after returning.
 func (e *endpoint) SendImmediate(tag btl.Tag, hdr, data []byte) error {
+	// The common case in place, as in SendImmediateHeader: the fast box
+	// in use, nothing queued, an entry within its inline limit.
+	if n := len(hdr) + len(data); n <= e.m.lay.inlineLimit && n <= e.m.cfg.maxSend {
+		e.mu.Lock()
+		if e.announced && len(e.pending) == 0 && e.usable() == nil && e.tx.putLine(uint8(tag), hdr, data) {
+			e.sentN++
+			e.sentB += int64(len(hdr) + len(data))
+			e.mu.Unlock()
+			e.p.wake()
+			return nil
+		}
+		e.mu.Unlock()
+	}
 	h := bytesHeader(hdr)
 	return e.sendImmediate(tag, &h, data)
 }

@@ -256,6 +256,49 @@ func (b *txBox) putWords(tag uint8, h0, h1 uint64, data []byte) bool {
 	return true
 }
 
+// putLine is putInline for a header given as bytes (the PML's RNDV, ACK
+// and other control headers) on its common path: an entry within the
+// box's inline limit and before the ring's end, in room known to be free:
+// false, with nothing written, otherwise. Like putInline it writes the
+// lines after the entry's first before the first, so that the receiver,
+// spinning on the first line's header word, takes that line once.
+// Against putInline behind sendImmediate's general checks, a synchronous
+// send's RNDV and ACK cost 263 fewer instructions a message (bench/instr.sh,
+// ssend: 4705.7 -> 4442.4).
+func (b *txBox) putLine(tag uint8, hdr, data []byte) bool {
+	hn := len(hdr)
+	n := hn + len(data)
+	need := uint64(alignUp(entryHdr+n, entryAlign))
+	pos := b.pos
+	phys := pos & (b.size - 1)
+	if phys+need > b.size || pos+need+entryHdr-b.consumed > b.size {
+		return false
+	}
+	next := pos + need
+	ent := b.ring[phys : phys+entryHdr+uint64(n)]
+	zero := b.ring[next&(b.size-1):]
+	hw := word64(ent, 0)
+	w := packEntry(b.seq, entryInline, tag, hn, n)
+	b.pos, b.seq = next, b.seq+1
+	first := int(line - phys&(line-1)) // the entry's bytes in its first line
+	switch k := first - entryHdr; {    // of which header and data
+	case first >= len(ent):
+		copy(ent[entryHdr:], hdr)
+		copy(ent[entryHdr+hn:], data)
+	case k >= hn:
+		copy(ent[first:], data[k-hn:])
+		copy(ent[entryHdr:], hdr)
+		copy(ent[entryHdr+hn:first], data[:k-hn])
+	default:
+		copy(ent[first:], hdr[k:])
+		copy(ent[first+hn-k:], data)
+		copy(ent[entryHdr:first], hdr[:k])
+	}
+	clear(zero[:entryHdr])
+	atom.StoreRel64(hw, w)
+	return true
+}
+
 // putWordsLong is putWords for an entry that goes on past its first
 // cache line (a payload of 41 bytes or more), within the box's inline
 // limit and before the ring's end, with the entry's three words in its

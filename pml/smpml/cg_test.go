@@ -173,6 +173,33 @@ func cgRound(t *testing.T, c0, c1 *pml.Comm, b0, b1 pml.Buffer) {
 	}
 }
 
+// TestCGSsendRoundTrip is TestCGRoundTrip with synchronous sends, as
+// mpi makes a blocking Ssend's: each side starts its Ssend, the peer's
+// Recv takes the RNDV and answers with the ACK, and the sender's wait
+// takes the ACK (bench/instr.sh).
+func TestCGSsendRoundTrip(t *testing.T) {
+	cgRepeat(t, func(c0, c1 *pml.Comm, b0, b1 pml.Buffer) { cgSsendRound(t, c0, c1, b0, b1) })
+}
+
+//go:noinline
+func cgSsendRound(t *testing.T, c0, c1 *pml.Comm, b0, b1 pml.Buffer) {
+	cgSsendHalf(t, c0, c1, b0, b1, 1, 0)
+	cgSsendHalf(t, c1, c0, b1, b0, 0, 1)
+}
+
+func cgSsendHalf(t *testing.T, from, to *pml.Comm, sb, rb pml.Buffer, dest, src int) {
+	h, err := from.IsendHandle(sb, dest, 1, pml.Synchronous, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := to.Recv(rb, src, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Wait(nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCGProbeRoundTrip is TestCGRoundTrip for a receiver that learns the
 // size from a probe: Probe then Recv, or with CG_MODE=mprobe, Mprobe then
 // Mrecv, as mpi makes them (bench/instr.sh).
