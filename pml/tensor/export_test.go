@@ -81,3 +81,13 @@ func (r *Rendezvous) SetNextIndex(n uint32) {
 
 // IndexCounterMax is the largest value of the request index counter.
 const IndexCounterMax = idxMask
+
+// SampleMessages returns an encoded control message of every kind, the
+// seeds of fuzz targets that speak for a peer.
+func SampleMessages() [][]byte {
+	var out [][]byte
+	for _, m := range samples() {
+		out = append(out, encode(m))
+	}
+	return out
+}

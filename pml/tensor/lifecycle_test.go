@@ -299,8 +299,8 @@ func TestPartedMessages(t *testing.T) {
 	}, small...)
 }
 
-// TestBadControlMessage: a malformed control message (or part) from a
-// peer cuts it off: the receives from it fail with tensor.ErrBadMessage,
+// TestBadControlMessage: a malformed control message (or part), or one
+// that breaks the protocol, from a peer cuts it off: the receives from it fail with tensor.ErrBadMessage,
 // and it is told, so that its receives from this rank fail too.
 func TestBadControlMessage(t *testing.T) {
 	for _, tc := range []struct {
@@ -311,6 +311,9 @@ func TestBadControlMessage(t *testing.T) {
 	}{
 		{"unknown kind", false, nil, []byte{1, 99}},
 		{"truncated request", false, nil, []byte{1, 1, 5}},
+		// Well-formed, but CANCELLED for the pending receive (index 1),
+		// which rank 0 never withdrew.
+		{"cancelled, not withdrawn", false, nil, []byte{2, 7, 1, 1}},
 		{"part flag", true, []byte{0, 0, 0, 0, 1, 0, 0, 0, 7}, []byte{1}},
 		{"part too long", true, []byte{0, 0, 0, 0, 1, 0, 0, 0, 0}, make([]byte, 65<<10)},
 	} {

@@ -273,10 +273,18 @@ func (r *Rendezvous) onErrorLocked(peer int, m *errorMsg, out *outbox) {
 	}
 }
 
-// onCancelled: the sender dropped these requests; nothing will be written.
-func (r *Rendezvous) onCancelledLocked(peer int, m *cancelMsg) {
+// onCancelled: the sender dropped these requests, which this rank
+// withdrew (cancel); nothing will be written.
+func (r *Rendezvous) onCancelledLocked(peer int, m *cancelMsg, out *outbox) {
 	for _, idx := range m.indices {
 		if rq := r.lookupLocked(peer, idx); rq != nil {
+			if !rq.told {
+				// This rank sends CANCEL only for a receive whose caller
+				// gave up (cancel): dropping one still waited for would
+				// leave its caller waiting for good, even through Close.
+				r.rejectLocked(peer, fmt.Errorf("%w: CANCELLED for request %d, which was not withdrawn", ErrBadMessage, idx), out)
+				return
+			}
 			if rq.dest != nil {
 				r.pool.put(rq.dest)
 			}

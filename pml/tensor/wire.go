@@ -374,10 +374,14 @@ func (r *Rendezvous) fatalLocked(err error, out *outbox) {
 func (r *Rendezvous) reject(peer int, err error) {
 	var out outbox
 	r.mu.Lock()
-	r.peerGoneLocked(peer, fmt.Errorf("tensor: rank %d sent a bad control message: %w", peer, err), &out)
-	out.msg(peer, &abortMsg{closed: true, text: fmt.Sprintf("rank %d rejected a control message: %v", r.rank, err)})
+	r.rejectLocked(peer, err, &out)
 	r.mu.Unlock()
 	r.run(&out)
+}
+
+func (r *Rendezvous) rejectLocked(peer int, err error, out *outbox) {
+	r.peerGoneLocked(peer, fmt.Errorf("tensor: rank %d sent a bad control message: %w", peer, err), out)
+	out.msg(peer, &abortMsg{closed: true, text: fmt.Sprintf("rank %d rejected a control message: %v", r.rank, err)})
 }
 
 // handle decodes and dispatches one control message from peer. b is
@@ -410,7 +414,7 @@ func (r *Rendezvous) handle(peer int, b []byte) {
 		r.releaseLocked(peer, m.indices, &out)
 	case *cancelMsg:
 		if m.cancelled {
-			r.onCancelledLocked(peer, m)
+			r.onCancelledLocked(peer, m, &out)
 		} else {
 			r.onCancelLocked(peer, m, &out)
 		}
