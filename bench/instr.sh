@@ -46,7 +46,9 @@ for mode in probe mprobe; do
   callgrind_annotate "$BIN/cg.$mode.out" 2>/dev/null | awk -v m=$((R * 2)) -v mode=$mode '/PROGRAM TOTALS/ { gsub(",", "", $1); printf "ping-pong 8 B, %s: %.1f instructions/message\n", mode, $1 / m }'
 done
 # Synchronous sends (TestCGSsendRoundTrip): Isend in synchronous mode, the
-# peer's Recv (which answers the RNDV with an ACK), the sender's Wait.
+# peer's Recv (which answers the RNDV with an ACK), the sender's Wait; one
+# way the RNDV finds the Recv posted, the other it arrives before it, as
+# in a ping-pong of Ssend and Recv.
 CG_ROUNDS=$R GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 timeout 120 valgrind --tool=callgrind --toggle-collect='*cgSsendRound*' --callgrind-out-file="$BIN/cg.ssend.out" ./smpml.test -test.run TestCGSsendRoundTrip -test.bench NONE >/dev/null 2>&1
 callgrind_annotate "$BIN/cg.ssend.out" 2>/dev/null | awk -v m=$((R * 2)) '/PROGRAM TOTALS/ { gsub(",", "", $1); printf "ping-pong 8 B, ssend: %.1f instructions/message\n", $1 / m }'
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp "$BIN"/cg.*.out "$OUT"/; fi

@@ -183,14 +183,19 @@ func TestCGSsendRoundTrip(t *testing.T) {
 
 //go:noinline
 func cgSsendRound(t *testing.T, c0, c1 *pml.Comm, b0, b1 pml.Buffer) {
-	cgSsendHalf(t, c0, c1, b0, b1, 1, 0)
-	cgSsendHalf(t, c1, c0, b1, b0, 0, 1)
+	cgSsendHalf(t, c0, c1, b0, b1, 1, 0, false)
+	cgSsendHalf(t, c1, c0, b1, b0, 0, 1, true)
 }
 
-func cgSsendHalf(t *testing.T, from, to *pml.Comm, sb, rb pml.Buffer, dest, src int) {
+// cgSsendHalf: from's Ssend to to; with early, the RNDV reaches to
+// before its Recv (as the Ssend answering a ping-pong's does).
+func cgSsendHalf(t *testing.T, from, to *pml.Comm, sb, rb pml.Buffer, dest, src int, early bool) {
 	h, err := from.IsendHandle(sb, dest, 1, pml.Synchronous, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if early {
+		to.Engine().Progress()
 	}
 	if _, err := to.Recv(rb, src, 1); err != nil {
 		t.Fatal(err)
