@@ -1,6 +1,7 @@
 package tensor_test
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -10,7 +11,8 @@ import (
 	"github.com/gompi-org/gompi/pml/tensor"
 )
 
-// FuzzBadTensorPeer: control messages that rank 1 did not send (any bytes,
+// FuzzBadTensorPeer: control messages, whole or in parts, that rank 1 did
+// not send (any bytes,
 // seeded with a valid message of every kind, so that well-formed messages
 // with wrong indices, sizes, handles and kinds come first) reach rank 0
 // while its receive of a tensor from rank 1 is under way; then each rank
@@ -22,11 +24,30 @@ func FuzzBadTensorPeer(f *testing.F) {
 	for _, m := range tensor.SampleMessages() {
 		f.Add(append([]byte{byte(len(m))}, m...))
 	}
+	// A message in two parts.
+	m := tensor.SampleMessages()[0]
+	k := len(m) / 2
+	seed := append([]byte{0xFF, 1, 0, byte(k)}, m[:k]...)
+	f.Add(append(append(seed, 0xFF, 1, 1, byte(len(m)-k)), m[k:]...))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		var forged [][]byte
+		// Records: a length byte and a whole message; or 0xFF, a part's
+		// id and last flag, a length byte and the part's bytes.
+		type forgery struct {
+			part     bool
+			hdr, msg []byte
+		}
+		var forged []forgery
 		for len(in) > 0 && len(forged) < 8 {
+			var f forgery
+			if in[0] == 0xFF && len(in) >= 4 {
+				f.part = true
+				f.hdr = binary.LittleEndian.AppendUint32(make([]byte, 4, tensor.PartHdrLen), uint32(in[1]%4))
+				f.hdr = append(f.hdr, in[2]&1)
+				in = in[3:]
+			}
 			n := min(int(in[0]), len(in)-1)
-			forged, in = append(forged, in[1:1+n]), in[1+n:]
+			f.msg, in = in[1:1+n], in[1+n:]
+			forged = append(forged, f)
 		}
 		content := make([]byte, 4096)
 		for i := range content {
@@ -57,8 +78,8 @@ func FuzzBadTensorPeer(f *testing.F) {
 					_ = rv.Send(1, "a", tensor.Tensor{DType: tensor.Uint8, Shape: []int64{int64(len(content))}, Data: content})
 				} else {
 					rv.RecvAsync(1, "a", peer, cb)
-					for _, m := range forged {
-						rv.Inject(peer, false, nil, m)
+					for _, f := range forged {
+						rv.Inject(peer, f.part, f.hdr, f.msg)
 					}
 					if err := w.Barrier(); err != nil {
 						return err

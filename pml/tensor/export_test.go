@@ -91,3 +91,6 @@ func SampleMessages() [][]byte {
 	}
 	return out
 }
+
+// PartHdrLen is the size of a part's header (Inject with part).
+const PartHdrLen = partHdrLen
