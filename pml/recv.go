@@ -236,6 +236,9 @@ func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind
 		return nil, err
 	}
 	var f *frag
+	var ackTo *peer // an RNDV's whole message delivered: its ACK
+	var ackReq uint64
+	var ackLen int
 	if len(c.failed) == 0 || tag >= AnyTag {
 		f = c.m.findUnexpected(src, tag)
 	}
@@ -261,7 +264,15 @@ func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind
 			r.complete(Status{Source: int(f.m.Src), Tag: int(f.m.Tag), Count: f.msgLen}, nil)
 		default:
 			e.takeUnexpectedLocked(c, f)
-			e.deliver(r, f)
+			if f.typ == hdr.TypeRndv && len(f.data) == f.msgLen && kind == kindRecv && e.peers[f.peer.world].Load().failed == nil {
+				// An RNDV that carried its whole message (queued by
+				// rndvWhole): stored and completed as an eager message,
+				// answered below, after the lock, as rndvWhole answers.
+				c.deliverEager(r, f.m.Src, f.m.Tag, f.m.Seq, f.peer, f.data)
+				ackTo, ackReq, ackLen = f.peer, f.srcReq, f.msgLen
+			} else {
+				e.deliver(r, f)
+			}
 			e.freeFrag(f)
 		}
 	} else {
@@ -284,6 +295,9 @@ func (c *Comm) postRecv(r *Request, b []byte, conv Convertor, src, tag int, kind
 		start = false
 	}
 	e.mu.Unlock()
+	if ackTo != nil {
+		e.ackWhole(ackTo, ackReq, ackLen)
+	}
 	if due {
 		e.sendGrants()
 	}

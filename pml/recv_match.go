@@ -29,7 +29,7 @@ func (e *Engine) onMatching(ep btl.Endpoint, b, data []byte) {
 	}
 	e.mu.Lock()
 	if e.closed == nil {
-		if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, p.world) && (e.deliverInOrderLocked(c, &m, p, data) || e.queueInOrderLocked(c, &m, p, data)) {
+		if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, p.world) && (e.deliverInOrderLocked(c, &m, p, data) || e.queueInOrderLocked(c, &m, p, data, hdr.TypeMatch, 0)) {
 			due := len(e.grants) != 0
 			e.mu.Unlock()
 			if due {
@@ -177,15 +177,17 @@ func (e *Engine) deliverInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byt
 // before its receive was posted, as when ranks outnumber cores
 // (bench/instr.sh: probe ping-pong 2759 -> 2531 instructions a message;
 // callgrind of bench/ring -mode nb with two ranks on one core: 4817 ->
-// 4350 a step). e.mu held.
-func (e *Engine) queueInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byte) bool {
+// 4350 a step). An RNDV that carries its whole message (typ TypeRndv,
+// with the sender's request id) is queued the same way, for postRecv to
+// deliver and answer (recv.go). e.mu held.
+func (e *Engine) queueInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byte, typ hdr.Type, srcReq uint64) bool {
 	ps := &c.seqs[m.Src]
 	if m.Seq != ps.expect || ps.ooo != nil || c.m.findPosted(int(m.Src), int(m.Tag)) != nil {
 		return false
 	}
 	ps.expect++
 	f := e.takeFrag()
-	f.typ, f.m, f.msgLen, f.peer = hdr.TypeMatch, *m, len(data), p
+	f.typ, f.m, f.msgLen, f.srcReq, f.peer = typ, *m, len(data), srcReq, p
 	f.data = append(f.data[:0], data...)
 	c.m.addUnexpected(f)
 	e.heldLocked(c, f, 1)
@@ -218,21 +220,37 @@ func (e *Engine) rndvWhole(ep btl.Endpoint, h *hdr.Rndv, data []byte) bool {
 		return false
 	}
 	c := e.commLocked(h.Ctx)
-	if c == nil || !c.fromRank(h.Src, p.world) || !c.deliverEager(nil, h.Src, h.Tag, h.Seq, p, data) {
+	if c == nil || !c.fromRank(h.Src, p.world) {
 		e.mu.Unlock()
 		return false
+	}
+	if !c.deliverEager(nil, h.Src, h.Tag, h.Seq, p, data) {
+		// Not posted yet (the answer of an Ssend ping-pong arrives while
+		// its receiver still waits for its own ACK): queued for postRecv.
+		queued := e.queueInOrderLocked(c, &h.Match, p, data, hdr.TypeRndv, h.SrcReq)
+		due := len(e.grants) != 0
+		e.mu.Unlock()
+		if due {
+			e.sendGrants()
+		}
+		return queued
 	}
 	due := len(e.grants) != 0
 	e.mu.Unlock()
 	if due {
 		e.sendGrants()
 	}
+	e.ackWhole(p, h.SrcReq, len(data))
+	return true
+}
+
+// ackWhole answers an RNDV that carried its whole message, stored as an
+// eager one: an ACK with no receive id (nothing more of the message will
+// come to need one), sent as sendAck sends (at once, or queued; a rank it
+// cannot be sent to has failed).
+func (e *Engine) ackWhole(p *peer, srcReq uint64, msgLen int) {
 	hb := hdrPool.Get().(*[hdr.MaxLen]byte)
-	a := hdr.Ack{Flags: hdr.FlagNoRDMA, SrcReq: h.SrcReq, SendOffset: h.MsgLen}
-	// Sent as sendAck sends (at once, or queued; a rank it cannot be sent
-	// to has failed), written out: a function shared with sendAck cost
-	// this path 25 instructions a message (callgrind of bench/shapes -mode
-	// ssend).
+	a := hdr.Ack{Flags: hdr.FlagNoRDMA, SrcReq: srcReq, SendOffset: uint64(msgLen)}
 	n := a.Encode(hb[:])
 	if err := e.sendImmTo(p.world, p.ep, btl.Tag(hdr.TypeAck), hb[:n], nil); err != nil {
 		if _, err := e.sendTo(p.world, p.ep, btl.Tag(hdr.TypeAck), hb[:n], nil, func(error) {}); err != nil {
@@ -240,7 +258,6 @@ func (e *Engine) rndvWhole(ep btl.Endpoint, h *hdr.Rndv, data []byte) bool {
 		}
 	}
 	hdrPool.Put(hb)
-	return true
 }
 
 // onMatchingRun takes a run of MATCH fragments from one endpoint (a
@@ -261,7 +278,7 @@ func (e *Engine) onMatchingRun(ep btl.Endpoint, hdrs, datas [][]byte) {
 	e.mu.Lock()
 	for i, b := range hdrs {
 		if known && e.closed == nil && m.DecodeMatch(b) {
-			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, r) && (e.deliverInOrderLocked(c, &m, p, datas[i]) || e.queueInOrderLocked(c, &m, p, datas[i])) {
+			if c := e.commLocked(m.Ctx); c != nil && c.fromRank(m.Src, r) && (e.deliverInOrderLocked(c, &m, p, datas[i]) || e.queueInOrderLocked(c, &m, p, datas[i], hdr.TypeMatch, 0)) {
 				continue
 			}
 		}

@@ -225,7 +225,8 @@ delivered.`,
 		name: "synchronous",
 		doc: `Synchronous send of 40 bytes: a RNDV carrying all the data. It arrives
 before the receive is posted (unexpected): the send stays incomplete until
-the receive is posted and its ACK arrives.`,
+the receive is posted and its ACK arrives. The ACK carries no receive id:
+the whole message came with the RNDV, nothing more will.`,
 		caps: capsAll,
 		run: func(t *testing.T, g *rig) {
 			data := pattern(40, 5)
