@@ -204,7 +204,10 @@ func (e *Engine) queueInOrderLocked(c *Comm, m *hdr.Match, p *peer, data []byte,
 // message will come to need one). The general way built a frag, registered
 // the receive by id, queued it to be started and took the lock twice more
 // (bench/shapes -mode ssend over sm: 0.371 us that way, 0.319 this one).
-// False changes nothing: admitLocked then takes the fragment. It runs
+// With nothing posted for it, it is queued as unexpected in the same hold
+// of the lock (queueInOrderLocked), and the Recv that takes it answers it
+// the same way (postRecv, ackWhole). False changes nothing: admitLocked
+// then takes the fragment. It runs
 // before the frag is built, as onMatching's deliverInOrderLocked does for
 // a MATCH: inside admitLocked, after the frag, the same delivery measured
 // 4% slower (bench/abprog.sh 8 ssend "-iters 100000": 0.316 against
