@@ -263,8 +263,9 @@ func (b *txBox) putWords(tag uint8, h0, h1 uint64, data []byte) bool {
 // lines after the entry's first before the first, so that the receiver,
 // spinning on the first line's header word, takes that line once.
 // Against putInline behind sendImmediate's general checks, a synchronous
-// send's RNDV and ACK cost 263 fewer instructions a message (bench/instr.sh,
-// ssend: 4705.7 -> 4442.4).
+// send's RNDV and ACK cost 263 fewer instructions a message (bench/instr.sh's
+// ssend ping-pong with both RNDVs finding their receive posted: 4705.7 ->
+// 4442.4).
 func (b *txBox) putLine(tag uint8, hdr, data []byte) bool {
 	hn := len(hdr)
 	n := hn + len(data)
