@@ -227,24 +227,19 @@ func (e *Engine) rndvWhole(ep btl.Endpoint, h *hdr.Rndv, data []byte) bool {
 		e.mu.Unlock()
 		return false
 	}
-	if !c.deliverEager(nil, h.Src, h.Tag, h.Seq, p, data) {
-		// Not posted yet (the answer of an Ssend ping-pong arrives while
-		// its receiver still waits for its own ACK): queued for postRecv.
-		queued := e.queueInOrderLocked(c, &h.Match, p, data, hdr.TypeRndv, h.SrcReq)
-		due := len(e.grants) != 0
-		e.mu.Unlock()
-		if due {
-			e.sendGrants()
-		}
-		return queued
-	}
+	// Not posted yet (the answer of an Ssend ping-pong arrives while its
+	// receiver still waits for its own ACK): queued for postRecv.
+	delivered := c.deliverEager(nil, h.Src, h.Tag, h.Seq, p, data)
+	queued := !delivered && e.queueInOrderLocked(c, &h.Match, p, data, hdr.TypeRndv, h.SrcReq)
 	due := len(e.grants) != 0
 	e.mu.Unlock()
 	if due {
 		e.sendGrants()
 	}
-	e.ackWhole(p, h.SrcReq, len(data))
-	return true
+	if delivered {
+		e.ackWhole(p, h.SrcReq, len(data))
+	}
+	return delivered || queued
 }
 
 // ackWhole answers an RNDV that carried its whole message, stored as an

@@ -549,7 +549,7 @@ func (c *conn) getRequest(reg, off, length, req uint64) error {
 var testGetReplyTaken func()
 
 func (c *conn) getTarget(req, length uint64) ([]byte, *getOp, error) {
-	op := c.ep.takeGetReply(req)
+	op := c.ep.takeGet(req, true)
 	if op == nil {
 		return nil, nil, protof("GETREPLY for unknown request %d", req)
 	}

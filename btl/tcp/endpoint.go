@@ -56,7 +56,7 @@ type getOp struct {
 	local    []byte
 	cb       btl.Completion
 	fence    uint64 // endpoint.fenceN when the Get was posted: fences later than that wait for it
-	replying bool   // counted in endpoint.replying (takeGetReply)
+	replying bool   // counted in endpoint.replying (takeGet)
 }
 
 // fence is a Flush waiting for its marker frame (behind every frame queued
@@ -260,7 +260,7 @@ func (e *endpoint) Get(local []byte, handle []byte, off int, cb btl.Completion) 
 	e.gets[req] = &getOp{local: local, cb: cb, fence: e.fenceN}
 	e.mu.Unlock()
 	if _, err := e.submit(frameHeader{kind: frameGetReq, length: uint64(len(local)), reg: id, off: uint64(off), req: req}, nil, nil, nil, nil, false); err != nil {
-		if op := e.takeGet(req); op != nil {
+		if op := e.takeGet(req, false); op != nil {
 			e.getFinished(op, nil) // never posted: a fence counted it, nothing else will
 			return false, err
 		}
@@ -272,25 +272,20 @@ func (e *endpoint) Get(local []byte, handle []byte, off int, cb btl.Completion) 
 	return false, nil
 }
 
-func (e *endpoint) takeGet(req uint64) *getOp {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	op := e.gets[req]
-	delete(e.gets, req)
-	return op
-}
-
-// takeGetReply is takeGet for the reader of Get req's reply: the Get
-// stays counted (replying) until getFinished, so that a Flush called
-// while its bytes are being read waits for them.
-func (e *endpoint) takeGetReply(req uint64) *getOp {
+// takeGet takes Get req out of the Gets waiting for their reply (nil if
+// it is not there). With replying (the reader of its GETREPLY) the Get
+// stays counted until getFinished, so that a Flush called while its
+// bytes are being read waits for them.
+func (e *endpoint) takeGet(req uint64, replying bool) *getOp {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	op := e.gets[req]
 	if op != nil {
 		delete(e.gets, req)
-		op.replying = true
-		e.replying++
+		if replying {
+			op.replying = true
+			e.replying++
+		}
 	}
 	return op
 }

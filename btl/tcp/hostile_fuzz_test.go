@@ -3,7 +3,6 @@ package tcp
 import (
 	"bytes"
 	"net"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -47,21 +46,7 @@ func FuzzHostileStream(f *testing.F) {
 		_, err := r0.mods[0].Register(all[guard:guard+64:guard+64], btl.AccessRemoteWrite|btl.AccessRemoteRead)
 		require.NoError(t, err)
 		if polled {
-			stop, done := make(chan struct{}), make(chan struct{})
-			go func() {
-				defer close(done)
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					if r0.mods[0].Progress() == 0 {
-						runtime.Gosched()
-					}
-				}
-			}()
-			t.Cleanup(func() { close(stop); <-done })
+			pollAllTheWhile(t, r0)
 		}
 		nc, v, err := fakePeer(t, store, testSecret)
 		require.NoError(t, err)

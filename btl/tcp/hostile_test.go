@@ -193,22 +193,7 @@ func TestHostileFrames(t *testing.T) {
 func hostileFrameCase(t *testing.T, frames func(uint64) []byte, protocol bool, log string, valid func(btl.Registration) uint64, polled bool) {
 	store, r0, r2, w0, w2, reg, mem := hostileJob(t)
 	if polled {
-		stop := make(chan struct{})
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if r0.mods[0].Progress() == 0 {
-					runtime.Gosched()
-				}
-			}
-		}()
-		t.Cleanup(func() { close(stop); <-done })
+		pollAllTheWhile(t, r0)
 	}
 	nc, v, err := fakePeer(t, store, testSecret)
 	require.NoError(t, err)
@@ -242,6 +227,26 @@ func hostileFrameCase(t *testing.T, frames func(uint64) []byte, protocol bool, l
 	roundTrip(t, r0, r2, w0, w2)
 	w0.noFailure(t)
 	w2.noFailure(t)
+}
+
+// pollAllTheWhile has a goroutine call r's Progress until the test ends,
+// as a PML spinning in a wait does.
+func pollAllTheWhile(t *testing.T, r *rank) {
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if r.mods[0].Progress() == 0 {
+				runtime.Gosched()
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
 }
 
 func decodeID(h []byte) uint64 {
